@@ -1,0 +1,258 @@
+"""Load, override, resolve and dump run configurations.
+
+A SETTING is a preset name (``fedhv/config/presets/<name>.toml``) or a path to a
+TOML file; a TOML file may start from a preset with ``extends = "<name>"``.
+``--set a.b=value`` overrides are parsed as TOML values (bare words are strings).
+Unknown keys are rejected with a did-you-mean suggestion; values are type-checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Union
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from fedhv.config.schema import RunConfig, validate
+from fedhv.errors import ConfigError
+
+PRESET_PACKAGE = "fedhv.config"
+
+
+def preset_names() -> list[str]:
+    """Names of the bundled presets."""
+    folder = resources.files(PRESET_PACKAGE) / "presets"
+    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def _read_toml(text: str, origin: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin} is not valid TOML: {exc}") from None
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_setting(setting: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Raw dictionary of a preset name or TOML file (``extends`` resolved)."""
+    path = Path(setting)
+    if setting in preset_names():
+        text = (resources.files(PRESET_PACKAGE) / "presets" / f"{setting}.toml").read_text()
+        data = _read_toml(text, f"preset {setting!r}")
+        data.setdefault("setting", setting)
+    elif path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"SETTING {setting!r}: no such file")
+        data = _read_toml(path.read_text(), str(path))
+        data.setdefault("setting", path.stem)
+    else:
+        hint = difflib.get_close_matches(setting, preset_names(), n=1)
+        raise ConfigError(
+            f"SETTING {setting!r} is neither a preset nor a TOML file"
+            + (f"; did you mean {hint[0]!r}?" if hint else "")
+            + f" Presets: {', '.join(preset_names())}"
+        )
+    base = data.pop("extends", None)
+    if base is not None:
+        if base in _seen:
+            raise ConfigError(f"extends cycle: {' -> '.join(_seen + (base,))}")
+        parent = load_setting(str(base), _seen + (setting,))
+        data = _deep_merge(parent, data)
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``a.b=value``; the value is TOML, or a bare string."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.local_steps=5")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides to a raw config dictionary."""
+    out = dict(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, Mapping) else {}
+            node[part] = child
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _toml_key(field_name: str) -> str:
+    return field_name.rstrip("_")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "unset"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} = {value!r} must be a list of {_type_name(typing.get_args(tp)[0])}")
+        inner = typing.get_args(tp)[0]
+        return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        inner = typing.get_args(tp)[1]
+        return {str(k): _coerce(v, inner, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return build(tp, value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
+
+
+def build(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    fields = {_toml_key(f.name): f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{where}.{key}" if where else key
+        if key not in fields:
+            hint = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            suggestion = f"; did you mean {(where + '.' if where else '') + hint[0]!r}?" if hint else ""
+            raise ConfigError(
+                f"unknown config key {full!r}{suggestion} Valid keys here: {', '.join(sorted(fields))}"
+            )
+        f = fields[key]
+        kwargs[f.name] = _coerce(value, hints[f.name], full)
+    return cls(**kwargs)
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill method-dependent values (learning rates from ``[lr.<method>]``)."""
+    rates = cfg.lr.get(cfg.method)
+    lr_g = cfg.train.lr_global if cfg.train.lr_global is not None else (rates.global_ if rates else None)
+    lr_l = cfg.train.lr_local if cfg.train.lr_local is not None else (rates.local if rates else None)
+    if lr_g is None or lr_l is None:
+        raise ConfigError(
+            f"no learning rates for method {cfg.method!r}: set train.lr_global and train.lr_local "
+            f"or add a [lr.{cfg.method}] table with 'global' and 'local'"
+        )
+    train = dataclasses.replace(cfg.train, lr_global=lr_g, lr_local=lr_l)
+    return dataclasses.replace(cfg, train=train)
+
+
+def load_config(setting: str, overrides: Iterable[str] = ()) -> RunConfig:
+    """Preset or TOML file + overrides -> validated, resolved :class:`RunConfig`."""
+    data = apply_overrides(load_setting(setting), overrides)
+    cfg = build(RunConfig, data)
+    validate(cfg)
+    return resolve(cfg)
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> plain dict with TOML key names (``None`` fields omitted)."""
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value is not None:
+                out[_toml_key(f.name)] = to_dict(value)
+        return out
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def dumps(data: Mapping[str, Any], prefix: str = "") -> str:
+    """Serialise a nested dict of scalars, lists and tables as TOML."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            name = f"{prefix}{key}"
+            scalars = {k: v for k, v in value.items() if not isinstance(v, Mapping)}
+            if scalars or not value:
+                lines.append("")
+                lines.append(f"[{name}]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+            nested = {k: v for k, v in value.items() if isinstance(v, Mapping)}
+            if nested:
+                lines.append(dumps(nested, prefix=f"{name}."))
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def config_from_toml_text(text: str) -> RunConfig:
+    """Rebuild a resolved config from a run directory's ``config.toml``."""
+    cfg = build(RunConfig, _read_toml(text, "config.toml"))
+    validate(cfg)
+    return resolve(cfg)

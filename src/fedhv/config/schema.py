@@ -1,0 +1,272 @@
+"""Configuration schema: frozen dataclasses with defaults and validation.
+
+A run is described by one :class:`RunConfig`. Presets (``presets/*.toml``) and user
+TOML files are partial dictionaries of these fields; :mod:`fedhv.config.loader`
+turns them into dataclasses, rejecting unknown keys with a did-you-mean hint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fedhv.errors import ConfigError
+
+#: Methods that can be run (``method = ...``).
+METHODS: tuple[str, ...] = ("fedhv", "uniform")
+#: Method names accepted as keys of the ``[lr]`` table (the paper's four methods).
+LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
+ENGINES: tuple[str, ...] = ("batched", "sequential")
+DTYPES: tuple[str, ...] = ("float32", "float64")
+STRATA: tuple[str, ...] = ("all-label", "first-label")
+BENCHMARKS: tuple[str, ...] = ("multimnist", "mnist-fmnist")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Benchmark data.
+
+    Attributes
+    ----------
+    benchmark : str
+        ``"multimnist"`` or ``"mnist-fmnist"``.
+    root : str or None
+        Data directory; ``None`` means ``$FEDHV_DATA`` or ``~/.cache/fedhv/data``.
+    download : bool
+        Download missing files from the canonical mirrors (checksum-verified).
+    pair_seed : int
+        Seed of the generator that draws the partner image of each pair.
+    val_fraction : float
+        Fraction of the combined training set held out for validation (reference
+        code: 0.2, the *last* shuffled indices).
+    val_seed : int
+        Seed of the validation shuffle.
+    augment : bool
+        Random per-sample rotation of training batches.
+    rotation_degrees : float
+        Rotation angles are uniform in ``[-rotation_degrees, rotation_degrees)``.
+    max_test_samples : int
+        Evaluate on the first ``n`` test samples only (0 = all); for quick tests.
+    """
+
+    benchmark: str = "multimnist"
+    root: str | None = None
+    download: bool = True
+    pair_seed: int = 0
+    val_fraction: float = 0.2
+    val_seed: int = 1
+    augment: bool = True
+    rotation_degrees: float = 25.0
+    max_test_samples: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """Dirichlet client partition (paper Table 3, reference notes §3)."""
+
+    clients: int = 30
+    samples_per_client: int = 600
+    alpha: float = 0.15
+    strata: str = "all-label"
+    seed: int = 10
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training and participation (paper Tables 3-5).
+
+    ``lr_global`` / ``lr_local`` left unset are taken from ``[lr.<method>]``.
+    """
+
+    clients_per_round: int = 20
+    batch_size: int = 32
+    local_steps: int = 10
+    momentum: float = 0.0
+    lr_global: float | None = None
+    lr_local: float | None = None
+
+
+@dataclass(frozen=True)
+class LearningRates:
+    """Server (``global``) and local SGD learning rates of one method."""
+
+    global_: float = 1.0
+    local: float = 0.1
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Test evaluation schedule.
+
+    The test set is evaluated after round ``t`` (1-based) when
+    ``t % test_period == 0``, and after the last round when ``final`` is true.
+    """
+
+    test_period: int = 3
+    final: bool = True
+    batch_size: int = 2500
+    splits: tuple[str, ...] = ("test",)
+
+
+@dataclass(frozen=True)
+class FedHVConfig:
+    """FedHV hyperparameters (paper B.7).
+
+    Attributes
+    ----------
+    rho_clip : float
+        Numerical slack floor ``rho_clip > 0`` of the weight map.
+    report_batches : int or "all"
+        Objective-report budget ``B_rep``: minibatches of ``train.batch_size``
+        samples, or the whole local dataset.
+    reference : "calibrate", "paper" or list of float
+        Training reference ``r``: from a calibration run, the paper's Table 6, or
+        given directly.
+    """
+
+    rho_clip: float = 1e-6
+    report_batches: int | str = "all"
+    reference: str | tuple[float, ...] = "calibrate"
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Reference calibration (paper §3.2, B.8): uniform-weight run(s),
+    ``r = max over rounds and seeds of the averaged reports + margin``."""
+
+    rounds: int = 20
+    margin: float = 0.15
+    seeds: tuple[int, ...] = (0,)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A complete run."""
+
+    setting: str = "custom"
+    method: str = "fedhv"
+    seed: int = 0
+    rounds: int = 200
+    engine: str = "batched"
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    lr: dict[str, LearningRates] = field(default_factory=dict)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    fedhv: FedHVConfig = field(default_factory=FedHVConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+
+    @property
+    def lr_global(self) -> float:
+        """Server learning rate ``eta_g`` of the run's method."""
+        assert self.train.lr_global is not None, "config not resolved"
+        return self.train.lr_global
+
+    @property
+    def lr_local(self) -> float:
+        """Local learning rate ``eta_l`` of the run's method."""
+        assert self.train.lr_local is not None, "config not resolved"
+        return self.train.lr_local
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(
+            f"{name} = {value!r} is not supported; choose one of {', '.join(options)}"
+        )
+
+
+def _positive(name: str, value: float, fix: str = "") -> None:
+    if not value > 0:
+        raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check every value that can be checked without data.
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter, the value and the fix.
+    """
+    _choice("method", cfg.method, METHODS)
+    _choice("engine", cfg.engine, ENGINES)
+    _choice("dtype", cfg.dtype, DTYPES)
+    _choice("data.benchmark", cfg.data.benchmark, BENCHMARKS)
+    _choice("partition.strata", cfg.partition.strata, STRATA)
+    if cfg.rounds < 1:
+        raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")
+    if cfg.seed < 0:
+        raise ConfigError(f"seed = {cfg.seed} must be >= 0")
+    if cfg.threads < 0:
+        raise ConfigError(f"threads = {cfg.threads} must be >= 0 (0 = torch default)")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
+    if cfg.data.max_test_samples < 0:
+        raise ConfigError(f"data.max_test_samples = {cfg.data.max_test_samples} must be >= 0 (0 = all)")
+    p = cfg.partition
+    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
+    if p.clients < 1:
+        raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
+    if p.samples_per_client < 1:
+        raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+    t = cfg.train
+    if not 1 <= t.clients_per_round <= p.clients:
+        raise ConfigError(
+            f"train.clients_per_round = {t.clients_per_round} must be between 1 and "
+            f"partition.clients = {p.clients}; lower it or raise partition.clients"
+        )
+    if t.batch_size < 1:
+        raise ConfigError(f"train.batch_size = {t.batch_size} must be >= 1")
+    if t.batch_size > p.samples_per_client:
+        raise ConfigError(
+            f"train.batch_size = {t.batch_size} exceeds partition.samples_per_client = "
+            f"{p.samples_per_client}; batches drop the last partial batch, so no batch could be drawn"
+        )
+    if t.local_steps < 1:
+        raise ConfigError(f"train.local_steps = {t.local_steps} must be >= 1 (K local SGD steps)")
+    if not 0.0 <= t.momentum < 1.0:
+        raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
+    for key, rates in cfg.lr.items():
+        _choice("lr table key", key, LR_METHODS)
+        _positive(f"lr.{key}.global", rates.global_)
+        _positive(f"lr.{key}.local", rates.local)
+    if t.lr_global is not None:
+        _positive("train.lr_global", t.lr_global)
+    if t.lr_local is not None:
+        _positive("train.lr_local", t.lr_local)
+    e = cfg.eval
+    if e.test_period < 0:
+        raise ConfigError(f"eval.test_period = {e.test_period} must be >= 0 (0 = final evaluation only)")
+    if e.batch_size < 1:
+        raise ConfigError(f"eval.batch_size = {e.batch_size} must be >= 1")
+    for split in e.splits:
+        _choice("eval.splits entry", split, ("val", "test"))
+    h = cfg.fedhv
+    _positive("fedhv.rho_clip", h.rho_clip, "the slack floor must be positive, e.g. 1e-6")
+    if isinstance(h.report_batches, str):
+        if h.report_batches != "all":
+            raise ConfigError(
+                f"fedhv.report_batches = {h.report_batches!r}: use \"all\" or a positive integer"
+            )
+    elif h.report_batches < 1:
+        raise ConfigError(f"fedhv.report_batches = {h.report_batches} must be >= 1 or \"all\"")
+    if isinstance(h.reference, str):
+        _choice("fedhv.reference", h.reference, ("calibrate", "paper"))
+    else:
+        for i, r in enumerate(h.reference):
+            if not r > 0:
+                raise ConfigError(
+                    f"fedhv.reference[{i}] = {r} gives a non-positive slack r_i - f_i for any "
+                    "non-negative loss; give a reference above the task losses or use "
+                    "fedhv.reference = \"calibrate\""
+                )
+    c = cfg.calibration
+    if c.rounds < 1:
+        raise ConfigError(f"calibration.rounds = {c.rounds} must be >= 1")
+    if c.margin < 0:
+        raise ConfigError(f"calibration.margin = {c.margin} must be >= 0 (paper: 0.15)")
+    if not c.seeds:
+        raise ConfigError("calibration.seeds is empty; give at least one seed, e.g. [0]")

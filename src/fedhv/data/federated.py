@@ -1,0 +1,80 @@
+"""A benchmark as device tensors plus a client partition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedhv.data.benchmarks import Benchmark
+
+
+def to_tensor_images(x: np.ndarray, mean: float, std: float, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """uint8 ``[n, H, W]`` -> normalised ``[n, 1, H, W]``: ``(x/255 - mean)/std``."""
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    return ((t.to(dtype) / 255.0 - mean) / std).unsqueeze(1)
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """Everything the engines need about the data.
+
+    Attributes
+    ----------
+    task_names : tuple of str
+    num_classes : tuple of int
+    train_x : Tensor ``[n, 1, H, W]``, normalised
+    train_y : Tensor, int64 ``[n, m]``
+    parts : Tensor, int64 ``[N, S]``
+        Client ``c`` holds training indices ``parts[c]``.
+    eval_sets : dict
+        ``{"test": (x, y), "val": (x, y)}``.
+    rotation_degrees : float or None
+        Training augmentation (``None`` = off).
+    """
+
+    task_names: tuple[str, ...]
+    num_classes: tuple[int, ...]
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    parts: torch.Tensor
+    eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    rotation_degrees: float | None
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_names)
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.parts.shape[0])
+
+    @classmethod
+    def from_benchmark(
+        cls,
+        bench: Benchmark,
+        parts: np.ndarray,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        augment: bool = True,
+        max_test_samples: int = 0,
+    ) -> FederatedData:
+        def images(x: np.ndarray) -> torch.Tensor:
+            return to_tensor_images(x, bench.mean, bench.std, dtype, device)
+
+        def labels(y: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(y)).to(device)
+
+        test_x, test_y = bench.test_x, bench.test_y
+        if max_test_samples:
+            test_x, test_y = test_x[:max_test_samples], test_y[:max_test_samples]
+        return cls(
+            task_names=bench.task_names,
+            num_classes=bench.num_classes,
+            train_x=images(bench.train_x),
+            train_y=labels(bench.train_y),
+            parts=torch.from_numpy(parts).to(device),
+            eval_sets={"test": (images(test_x), labels(test_y)), "val": (images(bench.val_x), labels(bench.val_y))},
+            rotation_degrees=bench.rotation_degrees if augment and bench.rotation_degrees > 0 else None,
+        )

@@ -1,0 +1,45 @@
+"""Provenance of a run: versions, git revision, host."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import fedhv
+
+
+def git_revision() -> str | None:
+    """The git commit of the fedhv source tree, if it is a git checkout."""
+    here = Path(fedhv.__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict:
+    """Versions and machine facts for ``environment.json``."""
+    return {
+        "fedhv": fedhv.__version__,
+        "git_revision": git_revision(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv,
+    }

@@ -1,0 +1,91 @@
+"""Method registry: how each method's algorithm is built from a configuration.
+
+FedHV's reference is resolved here: calibrated (paper §3.2, B.8), the paper's
+Table 6, or given directly (checked against the task count and the initial losses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedhv.algorithms import FedHV, Uniform
+from fedhv.algorithms.base import Algorithm
+from fedhv.config.schema import RunConfig
+from fedhv.data.federated import FederatedData
+from fedhv.errors import ConfigError
+from fedhv.experiment.calibration import CalibrationResult, calibrate
+from fedhv.experiment.setup import new_model
+from fedhv.metrics.evaluate import per_sample_losses
+from fedhv.paper import REFERENCES
+
+
+@dataclass
+class MethodSetup:
+    """A built algorithm and what was done to build it."""
+
+    algorithm: Algorithm
+    reference: list[float] | None = None
+    reference_source: str | None = None
+    calibration: CalibrationResult | None = None
+
+
+def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray:
+    """Task losses of the initial model over all clients' training samples."""
+    model = new_model(cfg, data, seed).eval()
+    idx = torch.unique(data.parts.reshape(-1))
+    losses, _ = per_sample_losses(model, data.train_x[idx], data.train_y[idx], 2048)
+    return losses.double().mean(0).cpu().numpy()
+
+
+def resolve_reference(cfg: RunConfig, data: FederatedData, progress=None) -> tuple[np.ndarray, str, CalibrationResult | None]:  # type: ignore[no-untyped-def]
+    """FedHV's training reference ``r`` and where it came from."""
+    m = data.num_tasks
+    spec = cfg.fedhv.reference
+    if spec == "calibrate":
+        result = calibrate(cfg, data, progress)
+        return np.asarray(result.reference), "calibration", result
+    if spec == "paper":
+        if cfg.data.benchmark not in REFERENCES:
+            raise ConfigError(
+                f"fedhv.reference = \"paper\": the paper gives no reference for {cfg.data.benchmark!r}; "
+                "use \"calibrate\" or a list of values"
+            )
+        ref, source = np.asarray(REFERENCES[cfg.data.benchmark]), "paper Table 6"
+    else:
+        ref, source = np.asarray(spec, dtype=np.float64), "given"
+    if len(ref) != m:
+        raise ConfigError(
+            f"fedhv.reference has {len(ref)} values but {cfg.data.benchmark} has {m} tasks "
+            f"({', '.join(data.task_names)}); give one value per task"
+        )
+    f0 = initial_losses(cfg, data, cfg.seed)
+    bad = [i for i in range(m) if ref[i] - f0[i] <= 0]
+    if bad:
+        detail = ", ".join(f"r[{i}] = {ref[i]:.4g} <= f[{i}] = {f0[i]:.4g}" for i in bad)
+        raise ConfigError(
+            f"fedhv.reference gives a non-positive slack at the initial model ({detail}); the weight map "
+            "needs r_i > f_i. Raise those entries above the initial losses or use fedhv.reference = \"calibrate\""
+        )
+    return ref, source, None
+
+
+def _fedhv(cfg: RunConfig, data: FederatedData, progress=None) -> MethodSetup:  # type: ignore[no-untyped-def]
+    ref, source, cal = resolve_reference(cfg, data, progress)
+    alg = FedHV(ref, cfg.lr_global, cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
+    return MethodSetup(alg, ref.tolist(), source, cal)
+
+
+def _uniform(cfg: RunConfig, data: FederatedData, progress=None) -> MethodSetup:  # type: ignore[no-untyped-def]
+    return MethodSetup(Uniform(cfg.lr_global))
+
+
+METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {"fedhv": _fedhv, "uniform": _uniform}
+
+
+def build_method(cfg: RunConfig, data: FederatedData, progress=None) -> MethodSetup:  # type: ignore[no-untyped-def]
+    """Build the configured method's algorithm (running calibration if needed)."""
+    return METHOD_BUILDERS[cfg.method](cfg, data, progress)

@@ -1,0 +1,162 @@
+"""Run one configured experiment into a run directory."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from fedhv.config import dumps, to_dict
+from fedhv.config.schema import RunConfig
+from fedhv.experiment.environment import environment
+from fedhv.experiment.loop import RoundRecord, run_rounds
+from fedhv.experiment.methods import build_method
+from fedhv.experiment.setup import federated_data, make_engine, new_model
+from fedhv.metrics import aggregate_metrics, evaluate_tasks
+from fedhv.models import get_flat, set_flat
+from fedhv.results.rundir import RunDir, default_run_dir
+
+
+def eval_due(round_done: int, cfg: RunConfig) -> bool:
+    """Whether the test set is evaluated after ``round_done`` rounds (1-based)."""
+    period = cfg.eval.test_period
+    return (period > 0 and round_done % period == 0) or (cfg.eval.final and round_done == cfg.rounds)
+
+
+def _fmt(values: list[float], digits: int = 3) -> str:
+    return "/".join(f"{v:.{digits}f}" for v in values)
+
+
+def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg.method`` on ``cfg``'s setting and write the run directory.
+
+    Returns
+    -------
+    dict
+        The run summary (also written to ``summary.json``).
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    start = time.perf_counter()
+    run = RunDir(Path(out) if out is not None else default_run_dir(cfg.setting, cfg.method, cfg.seed))
+    try:
+        run.write_text("config.toml", dumps(to_dict(cfg)))
+        run.write_json("environment.json", environment())
+        data = federated_data(cfg)
+        cal_bar = None
+        if cfg.method == "fedhv" and cfg.fedhv.reference == "calibrate" and progress:
+            cal_bar = tqdm(total=cfg.calibration.rounds * len(cfg.calibration.seeds), desc="calibration",
+                           dynamic_ncols=True, mininterval=1.0)
+        setup = build_method(cfg, data, (lambda rec: cal_bar.update()) if cal_bar else None)
+        if cal_bar is not None:
+            cal_bar.close()
+        if setup.calibration is not None:
+            run.write_json("calibration.json", setup.calibration.as_dict())
+        bar = tqdm(total=cfg.rounds, desc=f"{cfg.setting} {cfg.method} s{cfg.seed}", disable=not progress,
+                   dynamic_ncols=True, mininterval=1.0)
+        model = new_model(cfg, data, cfg.seed)
+        evaluator = new_model(cfg, data, cfg.seed).eval()
+        engine = make_engine(cfg, model, data, cfg.seed, stream="train")
+        theta = get_flat(model).clone()
+        totals: dict[str, Any] = {"client": 0.0, "server": 0.0, "eval": 0.0, "min_slack": None, "floor": 0}
+        last_eval: dict[str, Any] = {}
+        last_round: dict[str, Any] = {}
+        loop_start = time.perf_counter()
+
+        def on_round(rec: RoundRecord, theta_new: torch.Tensor, state: Any) -> None:
+            totals["client"] += rec.time_client_s
+            totals["server"] += rec.time_server_s
+            if "min_slack" in rec.log:
+                ms = rec.log["min_slack"]
+                totals["min_slack"] = ms if totals["min_slack"] is None else min(totals["min_slack"], ms)
+                totals["floor"] += rec.log["floor_activations"]
+            record = rec.as_dict()
+            last_round.clear()
+            last_round.update(record)
+            if eval_due(rec.round, cfg):
+                t0 = time.perf_counter()
+                set_flat(evaluator, theta_new)
+                entry: dict[str, Any] = {"round": rec.round}
+                for split in cfg.eval.splits:
+                    acc, loss = evaluate_tasks(evaluator, *data.eval_sets[split], cfg.eval.batch_size)
+                    values = {**aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss}
+                    if split == "test":
+                        entry.update(values)
+                    else:
+                        entry[split] = values
+                entry["weights"] = rec.log.get("weights")
+                t_eval = time.perf_counter() - t0
+                totals["eval"] += t_eval
+                entry["time_eval_s"] = t_eval
+                entry["wall_clock_s"] = time.perf_counter() - loop_start
+                record["time_eval_s"] = t_eval
+                run.metrics.append(entry)
+                last_eval.clear()
+                last_eval.update(entry)
+                if "task_acc" in entry:
+                    bar.set_postfix_str(
+                        f"acc {_fmt(entry['task_acc'], 2)} mean {entry['mean_acc']:.2f} "
+                        f"w {_fmt(rec.log.get('weights') or [], 3)}", refresh=False
+                    )
+            run.rounds.append(record)
+            bar.update()
+
+        theta, _ = run_rounds(
+            setup.algorithm, engine, data, theta, cfg.rounds, cfg.train.clients_per_round,
+            cfg.seed, "train", on_round,
+        )
+        bar.close()
+        loop_seconds = time.perf_counter() - loop_start
+        set_flat(evaluator, theta)
+        torch.save({"state_dict": evaluator.state_dict(), "round": cfg.rounds}, run.path / "model.pt")
+        summary = _summary(cfg, setup, data.task_names, last_eval, last_round, totals, loop_seconds,
+                           time.perf_counter() - start)
+        run.write_json("summary.json", summary)
+        return summary
+    finally:
+        run.close()
+
+
+def _summary(cfg, setup, task_names, last_eval, last_round, totals, loop_seconds, total_seconds) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    summary: dict[str, Any] = {
+        "setting": cfg.setting,
+        "method": cfg.method,
+        "seed": cfg.seed,
+        "rounds": cfg.rounds,
+        "tasks": list(task_names),
+        "final_eval_round": last_eval.get("round"),
+        "mean_acc": last_eval.get("mean_acc"),
+        "worst_acc": last_eval.get("worst_acc"),
+        "mean_loss": last_eval.get("mean_loss"),
+        "hv": last_eval.get("hv"),
+        "task_acc": last_eval.get("task_acc"),
+        "task_loss": last_eval.get("task_loss"),
+        "wall_clock_s": loop_seconds,
+        "seconds_per_round": loop_seconds / cfg.rounds,
+        "time_client_s": totals["client"],
+        "time_server_s": totals["server"],
+        "time_eval_s": totals["eval"],
+        "bytes_down_per_client_round": last_round.get("bytes_down_per_client"),
+        "bytes_up_per_client_round": last_round.get("bytes_up_per_client"),
+        "engine": cfg.engine,
+    }
+    if setup.reference is not None:
+        summary["reference"] = setup.reference
+        summary["reference_source"] = setup.reference_source
+        summary["min_report_slack"] = totals["min_slack"]
+        summary["floor_activations"] = totals["floor"]
+        summary["floor_checks"] = cfg.rounds * len(task_names)
+    if setup.calibration is not None:
+        cal = setup.calibration
+        summary["calibration"] = {
+            "rounds": cal.rounds,
+            "seconds": cal.seconds,
+            "bytes_down": cal.bytes_down,
+            "bytes_up": cal.bytes_up,
+        }
+        summary["wall_clock_with_calibration_s"] = loop_seconds + cal.seconds
+    summary["wall_clock_total_s"] = total_seconds
+    return summary

@@ -1,0 +1,76 @@
+"""Build the run's components from a resolved configuration."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedhv.config.schema import RunConfig
+from fedhv.data.benchmarks import Benchmark, load_benchmark
+from fedhv.data.federated import FederatedData
+from fedhv.data.partition import dirichlet_partition
+from fedhv.models import build_model, default_init
+from fedhv.rng import numpy_rng, torch_generator
+from fedhv.sim.batched import BatchedEngine
+from fedhv.sim.engine import Engine, SequentialEngine
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray]:
+    """The benchmark and its client partition ``[N, S]``."""
+    d = cfg.data
+    bench = load_benchmark(
+        d.benchmark,
+        root=d.root,
+        download=d.download,
+        pair_seed=d.pair_seed,
+        val_fraction=d.val_fraction,
+        val_seed=d.val_seed,
+        rotation_degrees=d.rotation_degrees,
+    )
+    p = cfg.partition
+    parts = dirichlet_partition(bench.strata(p.strata), p.clients, p.samples_per_client, p.alpha, p.seed)
+    return bench, parts
+
+
+def federated_data(cfg: RunConfig) -> FederatedData:
+    """Device tensors of the benchmark and partition."""
+    bench, parts = load_data(cfg)
+    return FederatedData.from_benchmark(
+        bench,
+        parts,
+        dtype=DTYPES[cfg.dtype],
+        device=cfg.device,
+        augment=cfg.data.augment,
+        max_test_samples=cfg.data.max_test_samples,
+    )
+
+
+def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> nn.Module:
+    """A freshly initialised model (PyTorch default init from the seed's stream)."""
+    model = build_model(cfg.data.benchmark, data.num_classes)
+    default_init(model, torch_generator(seed, "model-init"))
+    return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
+
+
+def make_engine(cfg: RunConfig, model: nn.Module, data: FederatedData, seed: int, stream: str) -> Engine:
+    """The configured engine over ``model`` (a working copy it may overwrite)."""
+    cls = BatchedEngine if cfg.engine == "batched" else SequentialEngine
+    return cls(
+        model,
+        data,
+        local_steps=cfg.train.local_steps,
+        batch_size=cfg.train.batch_size,
+        lr_local=cfg.lr_local,
+        momentum=cfg.train.momentum,
+        seed=seed,
+        stream=stream,
+    )
+
+
+def sample_clients(seed: int, stream: str, round_idx: int, num_clients: int, per_round: int) -> np.ndarray:
+    """``M`` of ``N`` clients uniformly without replacement (sorted)."""
+    rng = numpy_rng(seed, stream, "client-sampling", round_idx)
+    return np.sort(rng.choice(num_clients, size=per_round, replace=False))

@@ -1,0 +1,6 @@
+"""Evaluation metrics: per-task accuracy and loss, aggregate metrics, hypervolume."""
+
+from fedhv.metrics.evaluate import evaluate_tasks, per_sample_losses
+from fedhv.metrics.summary import aggregate_metrics, hypervolume
+
+__all__ = ["aggregate_metrics", "evaluate_tasks", "hypervolume", "per_sample_losses"]

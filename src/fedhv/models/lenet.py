@@ -1,0 +1,150 @@
+"""LeNet-style multi-task model for MultiMNIST and MNIST-FMNIST (paper B.3;
+reference notes §2.1).
+
+Encoder (input 1x28x28): conv 1->10 (3x3, pad 1) -> max-pool 2 -> ReLU ->
+conv 10->15 (3x3) -> max-pool 2 -> ReLU -> flatten 540 -> linear 540->50 -> ReLU ->
+dropout 0.5 (28,515 parameters). Head per task: linear 50->50 -> ReLU -> dropout 0.5
+-> linear 50->10 -> log-softmax (3,060 parameters).
+
+Dropout never draws its own random numbers: the caller passes keep-masks
+(``{site: bool [B, features]}``) or ``None`` for evaluation, so that the batched and
+the sequential engines apply identical masks.
+
+:func:`batched_forward` evaluates ``C`` independent copies of the model (one per
+client) in lockstep by folding the clients into the channel dimension: grouped
+convolutions (``groups=C``) and batched matrix products.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DROPOUT_P = 0.5
+FEATURES = 50
+
+
+def max_pool2(h: torch.Tensor) -> torch.Tensor:
+    """2x2 max pooling, stride 2 (even sizes; odd trailing rows/cols dropped).
+
+    With autograd recording it is ``F.max_pool2d`` (gradient to the first maximum,
+    as in PyTorch); without, the same maxima are taken from four strided slices,
+    which is several times faster on CPU for these small feature maps.
+    """
+    if torch.is_grad_enabled() and h.requires_grad:
+        return F.max_pool2d(h, 2)
+    hh, ww = h.shape[-2] // 2 * 2, h.shape[-1] // 2 * 2
+    h = h[..., :hh, :ww]
+    return torch.maximum(
+        torch.maximum(h[..., 0::2, 0::2], h[..., 0::2, 1::2]),
+        torch.maximum(h[..., 1::2, 0::2], h[..., 1::2, 1::2]),
+    )
+
+
+def _dropout(h: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
+    if mask is None:
+        return h
+    return h * mask.to(h.dtype) * (1.0 / (1.0 - p))
+
+
+class LeNetMTL(nn.Module):
+    """Shared LeNet encoder with one classification head per task.
+
+    Parameters
+    ----------
+    num_classes : sequence of int
+        Classes per task; ``m = len(num_classes)`` heads.
+    """
+
+    def __init__(self, num_classes: tuple[int, ...] = (10, 10), dropout: float = DROPOUT_P) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.conv1 = nn.Conv2d(1, 10, 3, padding=1)
+        self.conv2 = nn.Conv2d(10, 15, 3)
+        self.fc = nn.Linear(540, FEATURES)
+        self.heads = nn.ModuleList(
+            nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.Linear(FEATURES, c)) for c in num_classes
+        )
+
+    #: Parameter-name prefix of the shared encoder (everything not under ``heads.``).
+    head_prefix = "heads."
+
+    def dropout_sites(self) -> dict[str, int]:
+        """Dropout sites and their feature sizes."""
+        sites = {"encoder": FEATURES}
+        sites.update({f"head{i}": FEATURES for i in range(len(self.heads))})
+        return sites
+
+    def encode(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        h = F.relu(max_pool2(self.conv1(x)))
+        h = F.relu(max_pool2(self.conv2(h)))
+        h = F.relu(self.fc(h.flatten(1)))
+        return _dropout(h, None if masks is None else masks["encoder"], self.dropout)
+
+    def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per-task log-probabilities ``[B, C_i]`` for images ``x`` ``[B, 1, 28, 28]``."""
+        z = self.encode(x, masks)
+        out = []
+        for i, head in enumerate(self.heads):
+            h = F.relu(head[0](z))
+            h = _dropout(h, None if masks is None else masks[f"head{i}"], self.dropout)
+            out.append(F.log_softmax(head[1](h), dim=-1))
+        return out
+
+    def forward_batched(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Evaluate ``C`` stacked parameter sets at once; see :func:`batched_forward`."""
+        return batched_forward(self, params, x, masks)
+
+
+def _bmm_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``h [C, B, in] @ w[C, out, in]^T + b[C, out]`` -> ``[C, B, out]``."""
+    return torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+
+
+def batched_forward(
+    model: LeNetMTL,
+    params: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    masks: dict[str, torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Evaluate ``C`` parameter sets of ``model`` on ``C`` batches at once.
+
+    Parameters
+    ----------
+    model : LeNetMTL
+        Supplies the architecture (its own parameters are not used).
+    params : dict
+        ``{name: [C, *shape]}`` stacked parameters.
+    x : Tensor ``[C, B, 1, 28, 28]``
+    masks : dict or None
+        ``{site: [C, B, features]}`` keep-masks, or ``None`` (no dropout).
+
+    Returns
+    -------
+    list of Tensor ``[C, B, C_i]``
+        Per-task log-probabilities.
+    """
+    c, b = x.shape[:2]
+    h = x.transpose(0, 1).reshape(b, c * x.shape[2], *x.shape[3:])
+    h = h.contiguous(memory_format=torch.channels_last)
+    w1, b1 = params["conv1.weight"], params["conv1.bias"]
+    h = F.conv2d(h, w1.reshape(-1, *w1.shape[2:]), b1.reshape(-1), padding=1, groups=c)
+    h = F.relu(max_pool2(h))
+    w2, b2 = params["conv2.weight"], params["conv2.bias"]
+    h = F.conv2d(h, w2.reshape(-1, *w2.shape[2:]), b2.reshape(-1), groups=c)
+    h = F.relu(max_pool2(h))
+    # [B, C*15, 6, 6] -> [C, B, 540] in (channel, row, col) order as nn.Flatten does.
+    h = h.reshape(b, c, -1).transpose(0, 1)
+    z = F.relu(_bmm_linear(h, params["fc.weight"], params["fc.bias"]))
+    z = _dropout(z, None if masks is None else masks["encoder"], model.dropout)
+    out = []
+    for i in range(len(model.heads)):
+        p = f"heads.{i}."
+        h = F.relu(_bmm_linear(z, params[p + "0.weight"], params[p + "0.bias"]))
+        h = _dropout(h, None if masks is None else masks[f"head{i}"], model.dropout)
+        out.append(F.log_softmax(_bmm_linear(h, params[p + "1.weight"], params[p + "1.bias"]), dim=-1))
+    return out
+

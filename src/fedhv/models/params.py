@@ -1,0 +1,87 @@
+"""Flat parameter vectors and seeded PyTorch-default initialisation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """Names, shapes and offsets of a module's parameters in one flat vector.
+
+    The flat vector ``theta`` has ``d = sum(numel)`` entries in ``named_parameters``
+    order; :meth:`views` maps ``[..., d]`` tensors back to per-parameter views
+    ``[..., *shape]`` without copying.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    size: int
+
+    @classmethod
+    def of(cls, module: nn.Module) -> ParamLayout:
+        names, shapes, offsets = [], [], []
+        off = 0
+        for name, p in module.named_parameters():
+            names.append(name)
+            shapes.append(tuple(p.shape))
+            offsets.append(off)
+            off += p.numel()
+        return cls(tuple(names), tuple(shapes), tuple(offsets), off)
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-parameter views of ``flat`` ``[..., d]`` -> ``{name: [..., *shape]}``."""
+        lead = flat.shape[:-1]
+        # One split (its backward is a single concatenation) instead of slicing per
+        # parameter (each slice's backward would materialise a zero [..., d] tensor).
+        parts = flat.split([math.prod(s) for s in self.shapes], dim=-1)
+        return {name: part.view(*lead, *shape) for name, shape, part in zip(self.names, self.shapes, parts)}
+
+    def slice_of(self, prefix: str) -> list[tuple[int, int]]:
+        """``(start, stop)`` ranges of the parameters whose names start with ``prefix``."""
+        return [
+            (off, off + math.prod(shape))
+            for name, shape, off in zip(self.names, self.shapes, self.offsets)
+            if name.startswith(prefix)
+        ]
+
+
+def get_flat(module: nn.Module) -> torch.Tensor:
+    """Concatenate the module's parameters into one detached vector ``[d]``."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+@torch.no_grad()
+def set_flat(module: nn.Module, flat: torch.Tensor) -> None:
+    """Copy ``flat`` ``[d]`` into the module's parameters."""
+    off = 0
+    for p in module.parameters():
+        n = p.numel()
+        p.copy_(flat[off : off + n].view_as(p))
+        off += n
+
+
+@torch.no_grad()
+def default_init(module: nn.Module, generator: torch.Generator) -> None:
+    """PyTorch's default ``Linear`` / ``Conv2d`` initialisation, from ``generator``.
+
+    ``W ~ U(-b, b)`` with ``b = 1/sqrt(fan_in)`` (kaiming-uniform with ``a = sqrt(5)``)
+    and ``bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; norm layers get weight 1, bias 0.
+    """
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
+            if m.bias is not None:
+                fan_in = m.weight[0].numel()
+                bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+                nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+        elif isinstance(m, (nn.GroupNorm, nn.BatchNorm2d, nn.LayerNorm)):
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)

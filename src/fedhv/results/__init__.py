@@ -1,0 +1,1 @@
+"""Run-directory I/O. Never imports torch: results can be read without the training stack."""

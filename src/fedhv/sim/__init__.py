@@ -1,0 +1,1 @@
+"""Single-machine federated simulator: client plans and execution engines."""

@@ -1,0 +1,44 @@
+"""Pieces of the client computation shared by all engines."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rotate(x: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
+    """Rotate each image of ``x`` ``[n, C, H, W]`` by ``degrees[n]``.
+
+    Bilinear ``grid_sample`` with zero padding (in normalised space) and
+    ``align_corners=False``, as in the reference code's training preprocessing.
+    """
+    rad = degrees.to(x.dtype) * (math.pi / 180.0)
+    cos, sin = torch.cos(rad), torch.sin(rad)
+    zero = torch.zeros_like(cos)
+    affine = torch.stack([torch.stack([cos, -sin, zero], -1), torch.stack([sin, cos, zero], -1)], -2)
+    grid = F.affine_grid(affine, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def task_nll(logps: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """Per-task mean negative log-likelihood.
+
+    Parameters
+    ----------
+    logps : list of Tensor ``[..., B, C_i]``
+    y : Tensor, int64 ``[..., B, m]``
+
+    Returns
+    -------
+    Tensor ``[..., m]``
+        ``l_i = -(1/B) sum_b log p_i(y_{b,i})``.
+    """
+    losses = [-lp.gather(-1, y[..., i : i + 1]).squeeze(-1).mean(-1) for i, lp in enumerate(logps)]
+    return torch.stack(losses, -1)
+
+
+def per_sample_nll(logps: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """Per-sample, per-task NLL ``[n, m]`` (no reduction)."""
+    return torch.stack([-lp.gather(-1, y[:, i : i + 1]).squeeze(-1) for i, lp in enumerate(logps)], -1)

@@ -1,0 +1,49 @@
+"""Shared fixtures: the real data root, a per-session derived-data cache, small configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_root() -> Path:
+    env = os.environ.get("FEDHV_DATA")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO.parent / "shared" / "data"]
+    for c in candidates:
+        if (c / "mnist").is_dir():
+            return c.resolve()
+    raise RuntimeError(
+        "tests need the MNIST / Fashion-MNIST files: set FEDHV_DATA to a folder with mnist/ and fashion-mnist/"
+    )
+
+
+DATA_ROOT = _data_root()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["FEDHV_DATA"] = str(DATA_ROOT)
+    os.environ.setdefault("FEDHV_CACHE", str(tmp_path_factory.mktemp("fedhv-cache")))
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    return DATA_ROOT
+
+
+#: Overrides that shrink a preset to a seconds-long run on real data.
+SMALL = [
+    "partition.clients=6",
+    "partition.samples_per_client=64",
+    "train.clients_per_round=4",
+    "train.batch_size=16",
+    "train.local_steps=3",
+    "calibration.rounds=2",
+    "data.max_test_samples=500",
+    "eval.test_period=1",
+]

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedhv.models import LeNetMTL, ParamLayout, default_init, get_flat, set_flat
+from fedhv.models.lenet import max_pool2
+from fedhv.rng import torch_generator
+
+
+def _model(seed: int = 0) -> LeNetMTL:
+    m = LeNetMTL((10, 10)).double()
+    default_init(m, torch_generator(seed, "init"))
+    return m
+
+
+def test_parameter_counts_match_reference() -> None:
+    m = LeNetMTL((10, 10))
+    enc = sum(p.numel() for n, p in m.named_parameters() if not n.startswith("heads."))
+    heads = [sum(p.numel() for p in h.parameters()) for h in m.heads]
+    assert enc == 28_515 and heads == [3_060, 3_060]
+
+
+def test_seeded_init_is_reproducible_and_default_scaled() -> None:
+    a, b, c = get_flat(_model(0)), get_flat(_model(0)), get_flat(_model(1))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    w = _model(0).fc.weight
+    assert w.abs().max() <= 1 / 540**0.5 + 1e-12  # kaiming-uniform(a=sqrt(5)) bound 1/sqrt(fan_in)
+
+
+def test_flat_round_trip_and_views() -> None:
+    m = _model()
+    layout = ParamLayout.of(m)
+    flat = get_flat(m)
+    assert flat.numel() == layout.size == 28_515 + 2 * 3_060
+    stacked = torch.stack([flat, 2 * flat])
+    views = layout.views(stacked)
+    assert torch.equal(views["conv2.weight"][1], 2 * m.conv2.weight)
+    set_flat(m, 3 * flat)
+    assert torch.equal(get_flat(m), 3 * flat)
+
+
+def test_batched_forward_equals_per_client_forward() -> None:
+    clients, batch = 3, 5
+    models = [_model(k) for k in range(clients)]
+    layout = ParamLayout.of(models[0])
+    params = layout.views(torch.stack([get_flat(m) for m in models]))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(clients, batch, 1, 28, 28, generator=g, dtype=torch.float64)
+    masks = {s: torch.rand(clients, batch, f, generator=g) > 0.5 for s, f in models[0].dropout_sites().items()}
+    out = models[0].forward_batched(params, x, masks)
+    for k, m in enumerate(models):
+        ref = m(x[k], {s: v[k] for s, v in masks.items()})
+        for task in range(2):
+            torch.testing.assert_close(out[task][k], ref[task], rtol=0, atol=1e-12)
+
+
+def test_fast_pool_equals_max_pool() -> None:
+    x = torch.randn(4, 3, 12, 12)
+    with torch.no_grad():
+        assert torch.equal(max_pool2(x), F.max_pool2d(x, 2))
+    y = torch.randn(2, 2, 7, 7)
+    with torch.no_grad():
+        assert torch.equal(max_pool2(y), F.max_pool2d(y, 2))

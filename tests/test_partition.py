@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedhv.data.partition import dirichlet_partition, label_histograms
+from fedhv.errors import ConfigError
+
+
+def _strata(n: int = 6000, k: int = 20, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, k, n)
+
+
+def test_exact_sizes_distinct_and_deterministic() -> None:
+    strata = _strata()
+    parts = dirichlet_partition(strata, 12, 150, 0.3, seed=10)
+    assert parts.shape == (12, 150)
+    assert all(len(set(row.tolist())) == 150 for row in parts)
+    assert len(np.unique(parts)) == 12 * 150  # 1800 < 6000: no sample shared between clients
+    assert np.array_equal(parts, dirichlet_partition(strata, 12, 150, 0.3, seed=10))
+    assert not np.array_equal(parts, dirichlet_partition(strata, 12, 150, 0.3, seed=11))
+
+
+@pytest.mark.filterwarnings("ignore:the partition recycled")
+def test_smaller_alpha_concentrates_labels() -> None:
+    strata = _strata(k=10)
+
+    def top_share(alpha: float) -> float:
+        hist = label_histograms(strata, dirichlet_partition(strata, 20, 200, alpha, seed=10), 10)
+        return float((hist.max(1) / hist.sum(1)).mean())
+
+    assert top_share(0.05) > top_share(0.3) > top_share(100.0)
+    assert top_share(100.0) < 0.2
+
+
+def test_recycling_warns_and_keeps_rows_distinct() -> None:
+    strata = _strata(n=500, k=5)
+    with pytest.warns(UserWarning, match="recycled"):
+        parts = dirichlet_partition(strata, 10, 100, 0.3, seed=10)
+    assert all(len(set(row.tolist())) == 100 for row in parts)
+
+
+def test_impossible_requests_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="samples_per_client = 700"):
+        dirichlet_partition(_strata(n=600), 2, 700, 0.3, seed=1)
+    with pytest.raises(ConfigError, match="alpha"):
+        dirichlet_partition(_strata(), 2, 10, 0.0, seed=1)
