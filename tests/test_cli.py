@@ -15,7 +15,7 @@ from conftest import SMALL
 
 def fedhv(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "fedhv.cli", *args], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "fedhv.cli", *args], capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, **(env or {})},
     )
     if check and proc.returncode != 0:
@@ -89,7 +89,10 @@ def test_partition_stats_prints_histograms() -> None:
 def test_errors_are_clear_and_traceback_free(args: list[str], expected: str, tmp_path: Path) -> None:
     # An empty derived-data cache, so that missing source files are noticed.
     env = {"FEDHV_CACHE": str(tmp_path / "cache")}
-    proc = fedhv("run", "multimnist", "--rounds", "1", "--quiet", *_sets(), *args, check=False, env=env)
+    out = tmp_path / "run"
+    proc = fedhv("run", "multimnist", "--rounds", "1", "--quiet", "--out", str(out), *_sets(), *args,
+                 check=False, env=env)
     assert proc.returncode == 2
+    assert not out.exists()  # a failed start leaves no run directory behind
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -69,7 +69,9 @@ class StepResult:
 class Algorithm(Protocol):
     """Round logic of one federated method."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Method name (as in ``method = ...``)."""
 
     def init_state(self, num_tasks: int) -> Any:
         """State before round 0."""

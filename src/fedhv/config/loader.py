@@ -149,7 +149,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where} must be a table, got {value!r}")
-        return build(tp, value, where)
+        return build(typing.cast(type, tp), value, where)
     if tp is bool:
         if isinstance(value, bool):
             return value

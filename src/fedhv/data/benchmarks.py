@@ -107,7 +107,7 @@ def overlay(first: np.ndarray, second: np.ndarray, canvas: int, shift: int, out:
 
 def _split_val(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     perm = numpy_rng(seed, "val-split").permutation(n)
-    n_val = int(round(n * fraction))
+    n_val = round(n * fraction)
     return np.sort(perm[: n - n_val]), np.sort(perm[n - n_val :])
 
 

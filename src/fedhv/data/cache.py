@@ -8,7 +8,6 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def cached_arrays(
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}-", suffix=".npz")
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
     except OSError as exc:
         warnings.warn(f"could not write the data cache {path} ({exc}); set FEDHV_CACHE to a writable folder")

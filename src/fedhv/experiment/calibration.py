@@ -13,7 +13,9 @@ reference across all training seeds).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +25,9 @@ from fedhv.data.federated import FederatedData
 from fedhv.experiment.loop import RoundRecord, run_rounds
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
+
+#: ``(total, description) -> progress bar`` with ``update()`` and ``close()``.
+ProgressFactory = Callable[[int, str], Any]
 
 
 @dataclass
@@ -57,30 +62,36 @@ class CalibrationResult:
         return dict(self.__dict__)
 
 
-def calibrate(cfg: RunConfig, data: FederatedData, progress=None) -> CalibrationResult:  # type: ignore[no-untyped-def]
-    """Run the uniform-weight calibration and derive the reference."""
+def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> CalibrationResult:
+    """Run the uniform-weight calibration and derive the reference.
+
+    ``progress(total, description)``, if given, returns a progress bar (``update()``,
+    ``close()``) advanced once per calibration round.
+    """
     c = cfg.calibration
+    bar = progress(c.rounds * len(c.seeds), "calibration") if progress is not None else None
     start = time.perf_counter()
-    reports: dict[str, list[list[float]]] = {}
-    totals = {"down": 0, "up": 0}
+    records: dict[str, list[RoundRecord]] = {}
+
+    def on_round(rec: RoundRecord, theta: Any, state: Any) -> None:
+        records[current].append(rec)
+        if bar is not None:
+            bar.update()
+
     for seed in c.seeds:
+        current = str(seed)
+        records[current] = []
         model = new_model(cfg, data, seed)
         engine = make_engine(cfg, model, data, seed, stream="calibration")
         algorithm = Uniform(lr_global=cfg.lr_global, report=True, report_batches=cfg.fedhv.report_batches)
-        rows: list[list[float]] = []
-
-        def on_round(rec: RoundRecord, theta, state) -> None:  # type: ignore[no-untyped-def]
-            rows.append(rec.log["report"])
-            totals["down"] += rec.bytes_down * len(rec.clients)
-            totals["up"] += rec.bytes_up * len(rec.clients)
-            if progress is not None:
-                progress(rec)
-
         run_rounds(
             algorithm, engine, data, get_flat(model).clone(), c.rounds,
             cfg.train.clients_per_round, seed, "calibration", on_round,
         )
-        reports[str(seed)] = rows
+    if bar is not None:
+        bar.close()
+    all_records = [rec for recs in records.values() for rec in recs]
+    reports = {seed: [rec.log["report"] for rec in recs] for seed, recs in records.items()}
     stacked = np.array([row for rows in reports.values() for row in rows])
     max_report = stacked.max(0)
     return CalibrationResult(
@@ -91,6 +102,6 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress=None) -> Calibration
         reports=reports,
         rounds=c.rounds * len(c.seeds),
         seconds=time.perf_counter() - start,
-        bytes_down=totals["down"],
-        bytes_up=totals["up"],
+        bytes_down=sum(rec.bytes_down * len(rec.clients) for rec in all_records),
+        bytes_up=sum(rec.bytes_up * len(rec.clients) for rec in all_records),
     )

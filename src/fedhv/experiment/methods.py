@@ -17,7 +17,7 @@ from fedhv.algorithms.base import Algorithm
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
-from fedhv.experiment.calibration import CalibrationResult, calibrate
+from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
 from fedhv.experiment.setup import new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.paper import REFERENCES
@@ -41,7 +41,8 @@ def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray
     return losses.double().mean(0).cpu().numpy()
 
 
-def resolve_reference(cfg: RunConfig, data: FederatedData, progress=None) -> tuple[np.ndarray, str, CalibrationResult | None]:  # type: ignore[no-untyped-def]
+def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None
+) -> tuple[np.ndarray, str, CalibrationResult | None]:
     """FedHV's training reference ``r`` and where it came from."""
     m = data.num_tasks
     spec = cfg.fedhv.reference
@@ -73,19 +74,19 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress=None) -> tup
     return ref, source, None
 
 
-def _fedhv(cfg: RunConfig, data: FederatedData, progress=None) -> MethodSetup:  # type: ignore[no-untyped-def]
+def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
     ref, source, cal = resolve_reference(cfg, data, progress)
     alg = FedHV(ref, cfg.lr_global, cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
     return MethodSetup(alg, ref.tolist(), source, cal)
 
 
-def _uniform(cfg: RunConfig, data: FederatedData, progress=None) -> MethodSetup:  # type: ignore[no-untyped-def]
+def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
     return MethodSetup(Uniform(cfg.lr_global))
 
 
 METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {"fedhv": _fedhv, "uniform": _uniform}
 
 
-def build_method(cfg: RunConfig, data: FederatedData, progress=None) -> MethodSetup:  # type: ignore[no-untyped-def]
+def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
     """Build the configured method's algorithm (running calibration if needed)."""
     return METHOD_BUILDERS[cfg.method](cfg, data, progress)

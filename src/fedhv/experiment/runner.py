@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ def eval_due(round_done: int, cfg: RunConfig) -> bool:
     return (period > 0 and round_done % period == 0) or (cfg.eval.final and round_done == cfg.rounds)
 
 
+def _bar_factory(enabled: bool) -> Callable[[int, str], tqdm]:
+    """Progress bars for sub-tasks such as calibration (disabled when quiet)."""
+    return lambda total, desc: tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+
+
 def _fmt(values: list[float], digits: int = 3) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
@@ -41,18 +47,14 @@ def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     start = time.perf_counter()
+    # Everything that can fail on bad input (data files, reference checks, calibration)
+    # happens before the run directory is created, so a failed start leaves nothing behind.
+    data = federated_data(cfg)
+    setup = build_method(cfg, data, _bar_factory(progress))
     run = RunDir(Path(out) if out is not None else default_run_dir(cfg.setting, cfg.method, cfg.seed))
     try:
         run.write_text("config.toml", dumps(to_dict(cfg)))
         run.write_json("environment.json", environment())
-        data = federated_data(cfg)
-        cal_bar = None
-        if cfg.method == "fedhv" and cfg.fedhv.reference == "calibrate" and progress:
-            cal_bar = tqdm(total=cfg.calibration.rounds * len(cfg.calibration.seeds), desc="calibration",
-                           dynamic_ncols=True, mininterval=1.0)
-        setup = build_method(cfg, data, (lambda rec: cal_bar.update()) if cal_bar else None)
-        if cal_bar is not None:
-            cal_bar.close()
         if setup.calibration is not None:
             run.write_json("calibration.json", setup.calibration.as_dict())
         bar = tqdm(total=cfg.rounds, desc=f"{cfg.setting} {cfg.method} s{cfg.seed}", disable=not progress,

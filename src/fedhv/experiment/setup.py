@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from fedhv.config.schema import RunConfig
 from fedhv.data.benchmarks import Benchmark, load_benchmark
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition
-from fedhv.models import build_model, default_init
+from fedhv.models import MultiTaskModel, build_model, default_init
 from fedhv.rng import numpy_rng, torch_generator
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
@@ -48,14 +47,14 @@ def federated_data(cfg: RunConfig) -> FederatedData:
     )
 
 
-def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> nn.Module:
+def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     """A freshly initialised model (PyTorch default init from the seed's stream)."""
     model = build_model(cfg.data.benchmark, data.num_classes)
     default_init(model, torch_generator(seed, "model-init"))
     return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
 
 
-def make_engine(cfg: RunConfig, model: nn.Module, data: FederatedData, seed: int, stream: str) -> Engine:
+def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed: int, stream: str) -> Engine:
     """The configured engine over ``model`` (a working copy it may overwrite)."""
     cls = BatchedEngine if cfg.engine == "batched" else SequentialEngine
     return cls(

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from torch import nn
-
+from fedhv.models.base import MultiTaskModel
 from fedhv.models.lenet import LeNetMTL
 from fedhv.models.params import ParamLayout, default_init, get_flat, set_flat
 
-__all__ = ["LeNetMTL", "ParamLayout", "build_model", "default_init", "get_flat", "set_flat"]
+__all__ = ["LeNetMTL", "MultiTaskModel", "ParamLayout", "build_model", "default_init", "get_flat", "set_flat"]
 
 
-def build_model(benchmark: str, num_classes: tuple[int, ...]) -> nn.Module:
+def build_model(benchmark: str, num_classes: tuple[int, ...]) -> MultiTaskModel:
     """The paper's architecture for a benchmark family (B.3)."""
     if benchmark in ("multimnist", "mnist-fmnist"):
         return LeNetMTL(num_classes)

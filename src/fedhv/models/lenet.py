@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedhv.models.base import MultiTaskModel
+
 DROPOUT_P = 0.5
 FEATURES = 50
 
@@ -48,7 +50,16 @@ def _dropout(h: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tens
     return h * mask.to(h.dtype) * (1.0 / (1.0 - p))
 
 
-class LeNetMTL(nn.Module):
+class Head(nn.Module):
+    """Task head: linear 50->50, ReLU, dropout, linear 50->C."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, FEATURES)
+        self.fc2 = nn.Linear(FEATURES, classes)
+
+
+class LeNetMTL(MultiTaskModel):
     """Shared LeNet encoder with one classification head per task.
 
     Parameters
@@ -63,12 +74,7 @@ class LeNetMTL(nn.Module):
         self.conv1 = nn.Conv2d(1, 10, 3, padding=1)
         self.conv2 = nn.Conv2d(10, 15, 3)
         self.fc = nn.Linear(540, FEATURES)
-        self.heads = nn.ModuleList(
-            nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.Linear(FEATURES, c)) for c in num_classes
-        )
-
-    #: Parameter-name prefix of the shared encoder (everything not under ``heads.``).
-    head_prefix = "heads."
+        self.heads = nn.ModuleList(Head(c) for c in num_classes)
 
     def dropout_sites(self) -> dict[str, int]:
         """Dropout sites and their feature sizes."""
@@ -87,9 +93,10 @@ class LeNetMTL(nn.Module):
         z = self.encode(x, masks)
         out = []
         for i, head in enumerate(self.heads):
-            h = F.relu(head[0](z))
+            assert isinstance(head, Head)
+            h = F.relu(head.fc1(z))
             h = _dropout(h, None if masks is None else masks[f"head{i}"], self.dropout)
-            out.append(F.log_softmax(head[1](h), dim=-1))
+            out.append(F.log_softmax(head.fc2(h), dim=-1))
         return out
 
     def forward_batched(
@@ -143,8 +150,8 @@ def batched_forward(
     out = []
     for i in range(len(model.heads)):
         p = f"heads.{i}."
-        h = F.relu(_bmm_linear(z, params[p + "0.weight"], params[p + "0.bias"]))
+        h = F.relu(_bmm_linear(z, params[p + "fc1.weight"], params[p + "fc1.bias"]))
         h = _dropout(h, None if masks is None else masks[f"head{i}"], model.dropout)
-        out.append(F.log_softmax(_bmm_linear(h, params[p + "1.weight"], params[p + "1.bias"]), dim=-1))
+        out.append(F.log_softmax(_bmm_linear(h, params[p + "fc2.weight"], params[p + "fc2.bias"]), dim=-1))
     return out
 

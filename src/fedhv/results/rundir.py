@@ -61,7 +61,7 @@ class JsonlWriter:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """All complete records of a JSON-lines file (a torn last line is skipped)."""
-    records = []
+    records: list[dict[str, Any]] = []
     if not path.exists():
         return records
     with open(path, encoding="utf-8") as fh:

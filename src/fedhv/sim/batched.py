@@ -58,7 +58,7 @@ class BatchedEngine(Engine):
         k, b = len(clients), self.batch_size
         plans = [self.plan(int(c), round_idx) for c in clients]
         batches = torch.stack([p.batches for p in plans])  # [k, K, B]
-        angles = None if plans[0].angles is None else torch.stack([p.angles for p in plans])
+        angles = None if plans[0].angles is None else torch.stack([p.angles for p in plans if p.angles is not None])
         masks = {site: torch.stack([p.masks[site] for p in plans]) for site in plans[0].masks}
         params = theta.detach().expand(k, -1).clone().requires_grad_(True)
         buf: torch.Tensor | None = None

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
 from fedhv.algorithms.base import ClientReplies, RoundRequest
 from fedhv.data.federated import FederatedData
 from fedhv.metrics.evaluate import per_sample_losses
+from fedhv.models.base import MultiTaskModel
 from fedhv.models.params import ParamLayout, get_flat, set_flat
 from fedhv.sim.local import rotate, task_nll
 from fedhv.sim.plan import ClientPlan, client_plan, report_indices
@@ -25,7 +25,7 @@ class Engine:
 
     Parameters
     ----------
-    model : nn.Module
+    model : MultiTaskModel
         Working copy of the architecture (its parameters are overwritten).
     data : FederatedData
     local_steps, batch_size : int
@@ -42,7 +42,7 @@ class Engine:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: MultiTaskModel,
         data: FederatedData,
         local_steps: int,
         batch_size: int,

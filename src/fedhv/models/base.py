@@ -1,0 +1,27 @@
+"""The interface every multi-task model implements."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MultiTaskModel(nn.Module):
+    """A shared encoder with one head per task.
+
+    Subclasses set ``dropout`` (probability) and implement :meth:`dropout_sites` and
+    ``forward(x, masks) -> list of [B, C_i] log-probabilities``. Dropout is applied
+    with caller-supplied keep-masks (``None`` = evaluation), never with the model's
+    own random numbers. Parameters whose names start with ``head_prefix`` belong to
+    the task heads; the rest form the shared encoder.
+    """
+
+    dropout: float = 0.0
+    head_prefix: str = "heads."
+
+    def dropout_sites(self) -> dict[str, int]:
+        """Dropout sites and their feature sizes (empty when the model has none)."""
+        return {}
+
+    def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        raise NotImplementedError
