@@ -48,6 +48,7 @@ def test_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2, 3] and [m["round"] for m in metrics] == [1, 2, 3]
     assert rounds[1]["weights"] == rounds[0]["next_weights"]
+    assert 0 < rounds[0]["wall_clock_s"] < rounds[2]["wall_clock_s"]
     assert summary["mean_acc"] == metrics[-1]["mean_acc"]
     cal = json.loads((out / "calibration.json").read_text())
     assert summary["reference"] == cal["reference"] and cal["rounds"] == 2

@@ -76,6 +76,7 @@ def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool
                 totals["min_slack"] = ms if totals["min_slack"] is None else min(totals["min_slack"], ms)
                 totals["floor"] += rec.log["floor_activations"]
             record = rec.as_dict()
+            record["wall_clock_s"] = time.perf_counter() - loop_start
             last_round.clear()
             last_round.update(record)
             if eval_due(rec.round, cfg):
