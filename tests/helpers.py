@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
+from fedhv.algorithms import Replies, Request
 from fedhv.config import load_config
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -21,3 +25,28 @@ def small_data(cfg: RunConfig) -> FederatedData:
     if key not in _CACHE:
         _CACHE[key] = federated_data(cfg)
     return _CACHE[key]
+
+
+class ScriptedFederation:
+    """Returns prepared replies and records the requests: isolates server-side logic."""
+
+    def __init__(self, clients: np.ndarray, replies: list[Replies]) -> None:
+        self._clients = clients
+        self._replies = list(replies)
+        self.requests: list[Request] = []
+        self.up = 0
+        self.down = 0
+
+    @property
+    def clients(self) -> np.ndarray:
+        return self._clients
+
+    def exchange(self, theta: torch.Tensor, request: Request) -> Replies:
+        self.requests.append(request)
+        return self._replies.pop(0)
+
+    def count_uplink(self, n: int) -> None:
+        self.up += n
+
+    def count_downlink(self, n: int) -> None:
+        self.down += n

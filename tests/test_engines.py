@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -58,33 +59,60 @@ def test_batched_equals_sequential_float32_within_rounding() -> None:
     assert (out[0] - out[1]).abs().max().item() < 1e-3
 
 
+def _engines(cfg):  # type: ignore[no-untyped-def]
+    data = small_data(cfg)
+    seq = make_engine(dataclasses.replace(cfg, engine="sequential"), new_model(cfg, data, 0), data, 0, "t")
+    bat = make_engine(dataclasses.replace(cfg, engine="batched"), new_model(cfg, data, 0), data, 0, "t")
+    return data, seq, bat
+
+
+def test_primitives_agree_between_engines() -> None:
+    """Multi-trajectory training (FSMGDA), per-task gradients and a first step taken from
+    given gradients (FedCMOO) agree between engines in float64."""
+    cfg = small_config("dtype='float64'", "train.momentum=0.3")
+    data, seq, bat = _engines(cfg)
+    theta = get_flat(new_model(cfg, data, 0)).clone()
+    clients = np.array([1, 4, 5])
+    eye = np.eye(2)
+    g_seq, g_bat = seq.gradients(theta, clients, eye, 0), bat.gradients(theta, clients, eye, 0)
+    assert g_seq.shape == (3, 2, theta.numel())
+    assert (g_seq - g_bat).abs().max().item() < 1e-12
+    d_seq, d_bat = seq.train(theta, clients, eye, 0), bat.train(theta, clients, eye, 0)
+    assert (d_seq - d_bat).abs().max().item() < 1e-12
+    # A single-task trajectory leaves the other task's head untouched.
+    start, stop = seq.layout.slice_of("heads.1.")[0][0], seq.layout.slice_of("heads.1.")[-1][1]
+    assert d_seq[:, 0, start:stop].abs().max().item() == 0.0 and d_seq[:, 1, start:stop].abs().max().item() > 0
+    w = np.array([[0.3, 0.7]])
+    first = torch.einsum("t,ktd->kd", torch.tensor(w[0], dtype=torch.float64), g_seq).unsqueeze(1)
+    f_seq = seq.train(theta, clients, w, 0, first_step=first)
+    f_bat = bat.train(theta, clients, w, 0, first_step=first)
+    assert (f_seq - f_bat).abs().max().item() < 1e-12
+    assert (f_seq - seq.train(theta, clients, w, 0)).abs().max().item() > 1e-6
+
+
 def test_chunked_batched_engine_matches_unchunked() -> None:
     cfg = small_config("dtype='float64'")
-    data = small_data(cfg)
-    model = new_model(cfg, data, 0)
-    theta = get_flat(model).clone()
+    data, _, full = _engines(cfg)
+    theta = get_flat(new_model(cfg, data, 0)).clone()
     clients = np.arange(4)
-    alg = FedHV(np.array([2.6, 2.6]), cfg.lr_global)
-    request = alg.request(alg.init_state(2))
-    full = make_engine(cfg, model, data, 0, "train").run_clients(theta, clients, request, 0)
-    chunked_engine = make_engine(cfg, new_model(cfg, data, 0), data, 0, "train")
-    chunked_engine.chunk = 3
-    chunked = chunked_engine.run_clients(theta, clients, request, 0)
-    assert (full.deltas - chunked.deltas).abs().max().item() < 1e-12
+    w = np.eye(2)
+    reference = full.train(theta, clients, w, 0)
+    full.chunk = 3
+    assert (full.train(theta, clients, w, 0) - reference).abs().max().item() < 1e-12
+    assert (full.gradients(theta, clients, w, 0) - _engines(cfg)[2].gradients(theta, clients, w, 0)).abs().max() < 1e-12
 
 
 def test_reports_are_losses_at_the_broadcast_model() -> None:
     """A FedHV report is each client's mean task loss at theta^t over its local data, in eval mode."""
     cfg = small_config("dtype='float64'")
-    data = small_data(cfg)
-    model = new_model(cfg, data, 0)
-    theta = get_flat(model).clone()
+    data, seq, bat = _engines(cfg)
+    theta = get_flat(new_model(cfg, data, 0)).clone()
     clients = np.array([0, 2, 5])
-    alg = FedHV(np.array([2.6, 2.6]), cfg.lr_global)
-    replies = make_engine(cfg, model, data, 0, "train").run_clients(theta, clients, alg.request(alg.init_state(2)), 0)
+    reports = bat.reports(theta, clients, 0, "all")
+    torch.testing.assert_close(seq.reports(theta, clients, 0, "all"), reports, rtol=0, atol=1e-12)
     probe = new_model(cfg, data, 1).eval()
     set_flat(probe, theta)
     for row, c in enumerate(clients):
         idx = data.parts[c]
         losses, _ = per_sample_losses(probe, data.train_x[idx], data.train_y[idx])
-        torch.testing.assert_close(replies.reports[row], losses.mean(0), rtol=0, atol=1e-12)
+        torch.testing.assert_close(reports[row], losses.mean(0), rtol=0, atol=1e-12)

@@ -1,9 +1,19 @@
-"""The server-client protocol types shared by algorithms and engines.
+"""The server-client protocol shared by algorithms and execution back-ends.
 
-An algorithm is pure round logic with explicit state: it tells the engine what
-each sampled client must compute (:class:`RoundRequest`), and turns the clients'
-replies (:class:`ClientReplies`) into the next global model and state. Engines
-(simulator, Flower) execute requests without knowing which algorithm sent them.
+An algorithm is pure round logic with explicit state. Each round it drives one or
+more *synchronization stages* through a :class:`Federation`: every stage broadcasts
+the model (and an optional payload) to the sampled clients, which compute what the
+:class:`Request` asks for with three primitives:
+
+- ``report``: the ``m`` task losses at the received model (eval mode);
+- ``gradients``: for each row ``W_t`` of a ``[T, m]`` weight matrix, the gradient of
+  ``sum_i W_ti l_i`` at the received model on a fresh minibatch (train mode);
+- ``train``: for each row ``W_t``, ``K`` local SGD steps on ``sum_i W_ti l_i`` from
+  the received model, returning ``Delta theta = theta^K - theta``; optionally the first
+  step uses a gradient the client already holds (``first_step``).
+
+Back-ends (the batched or sequential simulator, Flower) execute requests without
+knowing which algorithm sent them, and count bytes and stages.
 """
 
 from __future__ import annotations
@@ -16,50 +26,76 @@ import torch
 
 
 @dataclass(frozen=True)
-class RoundRequest:
-    """What every sampled client computes in one round.
+class Request:
+    """What the sampled clients compute in one synchronization stage.
 
     Attributes
     ----------
-    weights : ndarray ``[m]``
-        Task weights ``w`` of the local objective ``sum_i w_i l_i``.
-    send_weights : bool
-        Whether ``w`` travels with the model downlink (counted in the bytes).
-    report : bool
-        Evaluate the ``m`` task losses at the received model before training.
-    report_batches : int or "all"
-        Report budget ``B_rep``.
+    payload : dict
+        Tensors broadcast besides the model (e.g. FedHV's task weights); counted in
+        the downlink bytes.
+    send_model : bool
+        Whether the global model is broadcast in this stage.
+    report : int, "all" or None
+        Report budget ``B_rep`` (minibatches or the whole local dataset); ``None`` =
+        no report.
+    gradients : ndarray ``[T, m]`` or None
+        Task-weight rows of the gradients to compute at the received model.
+    upload_gradients : bool
+        Whether the raw gradients are uploaded (counted); ``False`` when the algorithm
+        uploads a compressed form and counts it itself.
+    train : ndarray ``[T, m]`` or None
+        Task-weight rows of the local trajectories.
+    first_step : Tensor ``[k, T, d]`` or None
+        Client-held gradients used as the first local step (not transmitted).
     """
 
-    weights: np.ndarray
-    send_weights: bool
-    report: bool
-    report_batches: int | str = "all"
+    payload: dict[str, Any] = field(default_factory=dict)
+    send_model: bool = True
+    report: int | str | None = None
+    gradients: np.ndarray | None = None
+    upload_gradients: bool = True
+    train: np.ndarray | None = None
+    first_step: torch.Tensor | None = None
 
 
 @dataclass
-class ClientReplies:
-    """Stacked replies of the ``k`` sampled clients.
+class Replies:
+    """Stacked replies of the ``k`` sampled clients (in ``clients`` order).
 
     Attributes
     ----------
-    clients : ndarray, int ``[k]``
-        Client ids, in reply order.
-    deltas : Tensor ``[k, d]``
-        Model updates ``Delta theta_k = theta_k^K - theta^t``.
     reports : Tensor ``[k, m]`` or None
-        Task losses at ``theta^t``.
+    gradients : Tensor ``[k, T, d]`` or None
+    deltas : Tensor ``[k, T, d]`` or None
     """
 
     clients: np.ndarray
-    deltas: torch.Tensor
     reports: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    gradients: torch.Tensor | None = None
+    deltas: torch.Tensor | None = None
+
+
+class Federation(Protocol):
+    """One round's connection to the sampled clients."""
+
+    @property
+    def clients(self) -> np.ndarray:
+        """The sampled client ids."""
+
+    def exchange(self, theta: torch.Tensor, request: Request) -> Replies:
+        """Run one synchronization stage."""
+
+    def count_uplink(self, nbytes_per_client: int) -> None:
+        """Add bytes each client uploads in an algorithm-specific encoding."""
+
+    def count_downlink(self, nbytes_per_client: int) -> None:
+        """Add bytes each client downloads in an algorithm-specific encoding."""
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """Outcome of the server step: new model, new state, and per-round log values."""
+    """Outcome of a round: new model, new state, and per-round log values."""
 
     theta: torch.Tensor
     state: Any
@@ -76,13 +112,15 @@ class Algorithm(Protocol):
     def init_state(self, num_tasks: int) -> Any:
         """State before round 0."""
 
-    def request(self, state: Any) -> RoundRequest:
-        """What the sampled clients must compute this round."""
-
-    def server_step(self, state: Any, theta: torch.Tensor, replies: ClientReplies) -> StepResult:
-        """Aggregate replies into ``theta^{t+1}`` and the next state."""
+    def round(self, state: Any, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """Run one round: drive the stages, aggregate, return the next model and state."""
 
 
 def fedavg_step(theta: torch.Tensor, deltas: torch.Tensor, lr_global: float) -> torch.Tensor:
-    """``theta + eta_g * (1/|S|) sum_k Delta theta_k``."""
+    """``theta + eta_g * (1/|S|) sum_k Delta theta_k`` for ``deltas [k, d]``."""
     return theta + lr_global * deltas.mean(0)
+
+
+def one_hot_rows(m: int) -> np.ndarray:
+    """``[m, m]`` identity: one single-task objective per row."""
+    return np.eye(m)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import ClientReplies, RoundRequest, StepResult, fedavg_step
+from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
 from fedhv.weighting import hv_weights
 
 
@@ -68,12 +68,14 @@ class FedHV:
             raise ValueError(f"reference has {len(self.reference)} entries for {num_tasks} tasks")
         return FedHVState(weights=np.full(num_tasks, 1.0 / num_tasks))
 
-    def request(self, state: FedHVState) -> RoundRequest:
-        return RoundRequest(state.weights, send_weights=True, report=True, report_batches=self.report_batches)
-
-    def server_step(self, state: FedHVState, theta: torch.Tensor, replies: ClientReplies) -> StepResult:
-        assert replies.reports is not None, "FedHV needs objective reports"
-        new_theta = fedavg_step(theta, replies.deltas, self.lr_global)
+    def round(self, state: FedHVState, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """One FedHV round: a single stage (model + ``w`` down, update + report up)."""
+        weights = np.asarray(state.weights, dtype=np.float32)
+        replies = federation.exchange(
+            theta, Request(payload={"weights": weights}, report=self.report_batches, train=state.weights[None, :])
+        )
+        assert replies.reports is not None and replies.deltas is not None
+        new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global)
         report = replies.reports.double().mean(0).cpu().numpy()
         hv = hv_weights(report, self.reference, self.rho_clip)
         log = {

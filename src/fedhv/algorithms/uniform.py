@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import ClientReplies, RoundRequest, StepResult, fedavg_step
+from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,13 @@ class Uniform:
     def init_state(self, num_tasks: int) -> UniformState:
         return UniformState(num_tasks)
 
-    def request(self, state: UniformState) -> RoundRequest:
-        w = np.full(state.num_tasks, 1.0 / state.num_tasks)
-        return RoundRequest(w, send_weights=False, report=self.report, report_batches=self.report_batches)
-
-    def server_step(self, state: UniformState, theta: torch.Tensor, replies: ClientReplies) -> StepResult:
-        log: dict = {"weights": [1.0 / state.num_tasks] * state.num_tasks}
+    def round(self, state: UniformState, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """One stage: model down, update (and, for calibration, the report) up."""
+        m = state.num_tasks
+        request = Request(report=self.report_batches if self.report else None, train=np.full((1, m), 1.0 / m))
+        replies = federation.exchange(theta, request)
+        assert replies.deltas is not None
+        log: dict = {"weights": [1.0 / m] * m}
         if replies.reports is not None:
             log["report"] = replies.reports.double().mean(0).cpu().tolist()
-        return StepResult(fedavg_step(theta, replies.deltas, self.lr_global), state, log)
+        return StepResult(fedavg_step(theta, replies.deltas[:, 0], self.lr_global), state, log)

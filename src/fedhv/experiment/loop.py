@@ -9,24 +9,11 @@ from typing import Any
 
 import torch
 
-from fedhv.algorithms.base import Algorithm, ClientReplies, RoundRequest
+from fedhv.algorithms.base import Algorithm
 from fedhv.data.federated import FederatedData
 from fedhv.experiment.setup import sample_clients
 from fedhv.sim.engine import Engine
-
-
-def payload_bytes(theta: torch.Tensor, request: RoundRequest, replies: ClientReplies) -> tuple[int, int]:
-    """Bytes one participating client receives and sends this round.
-
-    Counted from the tensors exchanged: down = model (+ ``m`` task weights when the
-    algorithm broadcasts them); up = model update (+ ``m`` report values).
-    """
-    item = theta.element_size()
-    down = theta.numel() * item + (len(request.weights) * item if request.send_weights else 0)
-    up = replies.deltas[0].numel() * replies.deltas.element_size()
-    if replies.reports is not None:
-        up += replies.reports[0].numel() * replies.reports.element_size()
-    return down, up
+from fedhv.sim.federation import SimFederation
 
 
 @dataclass
@@ -40,6 +27,7 @@ class RoundRecord:
     time_server_s: float
     bytes_down: int
     bytes_up: int
+    sync_stages: int
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +38,7 @@ class RoundRecord:
             "time_server_s": self.time_server_s,
             "bytes_down_per_client": self.bytes_down,
             "bytes_up_per_client": self.bytes_up,
+            "sync_stages": self.sync_stages,
         }
 
 
@@ -82,15 +71,15 @@ def run_rounds(
         state = algorithm.init_state(data.num_tasks)
     for t in range(start_round, start_round + rounds):
         clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
-        request = algorithm.request(state)
+        federation = SimFederation(engine, clients, t)
         t0 = time.perf_counter()
-        replies = engine.run_clients(theta, clients, request, t)
-        t1 = time.perf_counter()
-        result = algorithm.server_step(state, theta, replies)
-        t2 = time.perf_counter()
-        down, up = payload_bytes(theta, request, replies)
+        result = algorithm.round(state, theta, federation)
+        elapsed = time.perf_counter() - t0
         theta, state = result.theta, result.state
-        record = RoundRecord(t + 1, clients.tolist(), result.log, t1 - t0, t2 - t1, down, up)
+        record = RoundRecord(
+            t + 1, clients.tolist(), result.log, federation.client_seconds, elapsed - federation.client_seconds,
+            federation.bytes_down, federation.bytes_up, federation.stages,
+        )
         if on_round is not None:
             on_round(record, theta, state)
     return theta, state

@@ -1,13 +1,14 @@
-"""Batched engine: all sampled clients of a round in lockstep.
+"""Batched engine: all sampled clients (and all their trajectories) in lockstep.
 
-The ``k`` client models are one leaf tensor ``P`` ``[k, d]``; each local step
-gathers the ``k`` minibatches ``[k, B, ...]``, evaluates all models at once with the
-model's ``forward_batched`` (clients folded into the channel dimension: grouped
-convolutions and batched matrix products; ``torch.func.vmap`` as a fallback),
-differentiates ``sum_k L_k`` (client losses are independent, so the gradient's row
-``k`` is client ``k``'s gradient) and applies SGD with momentum to all rows.
-Reports are evaluated in one pass over the union of the clients' report samples,
-since every client evaluates the same ``theta^t``.
+The ``n = k * T`` model copies (client-major: copy ``c = i * T + t``) are one leaf
+tensor ``P [n, d]``; each local step gathers the ``n`` minibatches ``[n, B, ...]``,
+evaluates all copies at once with the model's ``forward_batched`` (copies folded into
+the channel dimension: grouped convolutions and batched matrix products;
+``torch.func.vmap`` as a fallback), differentiates ``sum_c L_c`` (copies are
+independent, so row ``c`` of the gradient is copy ``c``'s gradient) and applies SGD with
+momentum to all rows. ``chunk`` bounds how many copies run at once (memory).
+Reports are one evaluation pass over the union of the clients' report samples, since
+every client evaluates the same ``theta^t``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from fedhv.algorithms.base import ClientReplies, RoundRequest
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import set_flat
 from fedhv.sim.engine import Engine
 from fedhv.sim.local import rotate, task_nll
+from fedhv.sim.plan import ClientPlan
 
 
 class BatchedEngine(Engine):
-    """Lockstep engine; ``chunk`` limits how many clients run at once (0 = all)."""
+    """Lockstep engine; ``chunk`` limits how many model copies run at once (0 = all)."""
 
     def __init__(self, *args, chunk: int = 0, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -43,8 +44,8 @@ class BatchedEngine(Engine):
 
         return vmap(single)
 
-    def _reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, request: RoundRequest) -> torch.Tensor:
-        idx = [self.report_indices(int(c), round_idx, request) for c in clients]
+    def reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, budget: int | str) -> torch.Tensor:
+        idx = [self.report_indices(int(c), round_idx, budget) for c in clients]
         all_idx = torch.cat(idx)
         set_flat(self.model, theta)
         self.model.eval()
@@ -54,39 +55,62 @@ class BatchedEngine(Engine):
         self.model.train()
         return torch.stack([part.mean(0) for part in torch.split(losses, [len(i) for i in idx])])
 
-    def _train_chunk(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, w: torch.Tensor) -> torch.Tensor:
-        k, b = len(clients), self.batch_size
-        plans = [self.plan(int(c), round_idx) for c in clients]
-        batches = torch.stack([p.batches for p in plans])  # [k, K, B]
-        angles = None if plans[0].angles is None else torch.stack([p.angles for p in plans if p.angles is not None])
-        masks = {site: torch.stack([p.masks[site] for p in plans]) for site in plans[0].masks}
-        params = theta.detach().expand(k, -1).clone().requires_grad_(True)
-        buf: torch.Tensor | None = None
-        for s in range(self.local_steps):
-            idx = batches[:, s].reshape(-1)
-            x = self.data.train_x[idx]
-            if angles is not None:
-                x = rotate(x, angles[:, s].reshape(-1))
-            x = x.view(k, b, *x.shape[1:])
-            y = self.data.train_y[idx].view(k, b, -1)
-            logps = self._forward(self.layout.views(params), x, {site: m[:, s] for site, m in masks.items()})
-            loss = (task_nll(logps, y) * w).sum()
-            (grad,) = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                if self.momentum:
-                    buf = grad if buf is None else buf.mul_(self.momentum).add_(grad)
-                    grad = buf
-                params.sub_(grad, alpha=self.lr_local)
-        return params.detach() - theta
+    def _copies(self, clients: np.ndarray, weights: np.ndarray, round_idx: int, steps: int, tag: str
+                ) -> tuple[list[ClientPlan], torch.Tensor]:
+        """Plans and per-copy task weights ``[n, m]`` of all (client, row) copies."""
+        plans = [self.plan(int(c), round_idx, steps, tag, t) for c in clients for t in range(len(weights))]
+        w = self.as_tensor(np.tile(np.asarray(weights), (len(clients), 1)))
+        return plans, w
 
-    def run_clients(
-        self, theta: torch.Tensor, clients: np.ndarray, request: RoundRequest, round_idx: int
-    ) -> ClientReplies:
-        clients = np.asarray(clients)
-        reports = self._reports(theta, clients, round_idx, request) if request.report else None
-        w = self.weights_tensor(request)
-        size = self.chunk or len(clients)
-        deltas = torch.cat(
-            [self._train_chunk(theta, clients[i : i + size], round_idx, w) for i in range(0, len(clients), size)]
-        )
-        return ClientReplies(clients=clients, deltas=deltas, reports=reports)
+    def _losses(self, params: torch.Tensor, plans: list[ClientPlan], step: int, w: torch.Tensor) -> torch.Tensor:
+        """Sum over copies of the weighted task losses on each copy's step-``step`` batch."""
+        n, b = len(plans), self.batch_size
+        idx = torch.stack([p.batches[step] for p in plans]).reshape(-1)
+        x = self.data.train_x[idx]
+        if plans[0].angles is not None:
+            x = rotate(x, torch.stack([p.angles[step] for p in plans if p.angles is not None]).reshape(-1))
+        x = x.view(n, b, *x.shape[1:])
+        y = self.data.train_y[idx].view(n, b, -1)
+        masks = {site: torch.stack([p.masks[site][step] for p in plans]) for site in plans[0].masks}
+        logps = self._forward(self.layout.views(params), x, masks)
+        return (task_nll(logps, y) * w).sum()
+
+    def _chunks(self, n: int) -> list[slice]:
+        size = self.chunk or n
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:
+        plans, w = self._copies(clients, weights, round_idx, 1, "grads")
+        out = []
+        for part in self._chunks(len(plans)):
+            params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(self._losses(params, plans[part], 0, w[part]), params)
+            out.append(grad)
+        return torch.cat(out).view(len(clients), len(weights), -1)
+
+    def train(
+        self,
+        theta: torch.Tensor,
+        clients: np.ndarray,
+        weights: np.ndarray,
+        round_idx: int,
+        first_step: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        plans, w = self._copies(clients, weights, round_idx, self.local_steps, "train")
+        first = None if first_step is None else first_step.reshape(len(plans), -1)
+        out = []
+        for part in self._chunks(len(plans)):
+            params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
+            buf: torch.Tensor | None = None
+            for s in range(self.local_steps):
+                if s == 0 and first is not None:
+                    grad = first[part].clone()
+                else:
+                    (grad,) = torch.autograd.grad(self._losses(params, plans[part], s, w[part]), params)
+                with torch.no_grad():
+                    if self.momentum:
+                        buf = grad if buf is None else buf.mul_(self.momentum).add_(grad)
+                        grad = buf
+                    params.sub_(grad, alpha=self.lr_local)
+            out.append(params.detach() - theta)
+        return torch.cat(out).view(len(clients), len(weights), -1)

@@ -1,9 +1,16 @@
-"""Execution engines: run one round's client computation for all sampled clients.
+"""Execution engines: the client-side primitives for all sampled clients of a round.
 
-:class:`SequentialEngine` is the reference: one ``nn.Module`` trained client after
-client with ``torch.optim.SGD``. :class:`BatchedEngine` (in :mod:`fedhv.sim.batched`)
-runs all sampled clients in lockstep. Both consume the same :mod:`fedhv.sim.plan`
-randomness and must produce the same replies (tested in float64).
+:class:`SequentialEngine` is the reference: one ``nn.Module`` per computation, client
+after client, with ``torch.optim.SGD``. :class:`~fedhv.sim.batched.BatchedEngine` runs
+all sampled clients (and all trajectories) in lockstep. Both consume the same
+:mod:`fedhv.sim.plan` randomness and must produce the same results (tested in
+float64).
+
+The three primitives (see :mod:`fedhv.algorithms.base`):
+
+- ``reports(theta, clients, round, budget) -> [k, m]``
+- ``gradients(theta, clients, W [T, m], round) -> [k, T, d]``
+- ``train(theta, clients, W [T, m], round, first_step) -> [k, T, d]``
 """
 
 from __future__ import annotations
@@ -11,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import ClientReplies, RoundRequest
 from fedhv.data.federated import FederatedData
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.base import MultiTaskModel
@@ -50,7 +56,7 @@ class Engine:
         momentum: float,
         seed: int,
         stream: str = "train",
-        eval_batch_size: int = 4096,
+        eval_batch_size: int = 2048,
     ) -> None:
         self.model = model
         self.data = data
@@ -64,25 +70,16 @@ class Engine:
         self.eval_batch_size = eval_batch_size
         self.dtype = next(model.parameters()).dtype
 
-    def plan(self, client: int, round_idx: int) -> ClientPlan:
-        """The random choices of ``client`` in ``round_idx``."""
+    def plan(self, client: int, round_idx: int, steps: int, tag: str, copy: int) -> ClientPlan:
+        """The random choices of one trajectory (or gradient) of ``client``."""
         return client_plan(
-            self.seed,
-            self.stream,
-            round_idx,
-            client,
-            self.data.parts[client],
-            self.local_steps,
-            self.batch_size,
-            self.data.rotation_degrees,
-            self.model.dropout_sites(),
-            self.model.dropout,
+            self.seed, self.stream, round_idx, client, self.data.parts[client], steps, self.batch_size,
+            self.data.rotation_degrees, self.model.dropout_sites(), self.model.dropout, tag, copy,
         )
 
-    def report_indices(self, client: int, round_idx: int, request: RoundRequest) -> torch.Tensor:
-        return report_indices(
-            self.seed, self.stream, round_idx, client, self.data.parts[client], request.report_batches, self.batch_size
-        )
+    def report_indices(self, client: int, round_idx: int, budget: int | str) -> torch.Tensor:
+        return report_indices(self.seed, self.stream, round_idx, client, self.data.parts[client], budget,
+                              self.batch_size)
 
     def batch(self, idx: torch.Tensor, angles: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather (and augment) a minibatch of training samples."""
@@ -91,48 +88,88 @@ class Engine:
             x = rotate(x, angles)
         return x, self.data.train_y[idx]
 
-    def weights_tensor(self, request: RoundRequest) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(request.weights), dtype=self.dtype)
+    def as_tensor(self, weights: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(weights), dtype=self.dtype)
 
-    def run_clients(
-        self, theta: torch.Tensor, clients: np.ndarray, request: RoundRequest, round_idx: int
-    ) -> ClientReplies:
+    def reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, budget: int | str) -> torch.Tensor:
+        """Task losses ``[k, m]`` at ``theta`` (eval mode, no augmentation)."""
+        raise NotImplementedError
+
+    def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:
+        """Gradients ``[k, T, d]`` of ``sum_i W_ti l_i`` at ``theta``, one fresh batch each."""
+        raise NotImplementedError
+
+    def train(
+        self,
+        theta: torch.Tensor,
+        clients: np.ndarray,
+        weights: np.ndarray,
+        round_idx: int,
+        first_step: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Updates ``[k, T, d]`` of ``K``-step trajectories on ``sum_i W_ti l_i``."""
         raise NotImplementedError
 
 
 class SequentialEngine(Engine):
-    """Reference engine: clients one after another on one module."""
+    """Reference engine: one computation after another on one module."""
 
-    def _report(self, client: int, round_idx: int, request: RoundRequest) -> torch.Tensor:
-        idx = self.report_indices(client, round_idx, request)
+    def reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, budget: int | str) -> torch.Tensor:
+        set_flat(self.model, theta)
         self.model.eval()
-        losses, _ = per_sample_losses(self.model, self.data.train_x[idx], self.data.train_y[idx], self.eval_batch_size)
-        self.model.train()
-        return losses.mean(0)
-
-    def run_clients(
-        self, theta: torch.Tensor, clients: np.ndarray, request: RoundRequest, round_idx: int
-    ) -> ClientReplies:
-        w = self.weights_tensor(request)
-        deltas, reports = [], []
+        out = []
         for client in clients:
-            client = int(client)
-            set_flat(self.model, theta)
-            if request.report:
-                reports.append(self._report(client, round_idx, request))
-            plan = self.plan(client, round_idx)
-            opt = torch.optim.SGD(self.model.parameters(), lr=self.lr_local, momentum=self.momentum)
-            self.model.train()
-            for s in range(self.local_steps):
-                x, y = self.batch(plan.batches[s], None if plan.angles is None else plan.angles[s])
-                logps = self.model(x, {site: m[s] for site, m in plan.masks.items()})
-                loss = (task_nll(logps, y) * w).sum()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            deltas.append(get_flat(self.model) - theta)
-        return ClientReplies(
-            clients=np.asarray(clients),
-            deltas=torch.stack(deltas),
-            reports=torch.stack(reports) if request.report else None,
-        )
+            idx = self.report_indices(int(client), round_idx, budget)
+            losses, _ = per_sample_losses(self.model, self.data.train_x[idx], self.data.train_y[idx],
+                                          self.eval_batch_size)
+            out.append(losses.mean(0))
+        self.model.train()
+        return torch.stack(out)
+
+    def _loss(self, plan: ClientPlan, step: int, w: torch.Tensor) -> torch.Tensor:
+        x, y = self.batch(plan.batches[step], None if plan.angles is None else plan.angles[step])
+        logps = self.model(x, {site: m[step] for site, m in plan.masks.items()})
+        return (task_nll(logps, y) * w).sum()
+
+    def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:
+        w = self.as_tensor(weights)
+        self.model.train()
+        out = []
+        for client in clients:
+            rows = []
+            for t in range(len(w)):
+                set_flat(self.model, theta)
+                plan = self.plan(int(client), round_idx, 1, "grads", t)
+                grads = torch.autograd.grad(self._loss(plan, 0, w[t]), list(self.model.parameters()))
+                rows.append(torch.cat([g.reshape(-1) for g in grads]))
+            out.append(torch.stack(rows))
+        return torch.stack(out)
+
+    def train(
+        self,
+        theta: torch.Tensor,
+        clients: np.ndarray,
+        weights: np.ndarray,
+        round_idx: int,
+        first_step: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        w = self.as_tensor(weights)
+        self.model.train()
+        out = []
+        for row, client in enumerate(clients):
+            deltas = []
+            for t in range(len(w)):
+                set_flat(self.model, theta)
+                plan = self.plan(int(client), round_idx, self.local_steps, "train", t)
+                opt = torch.optim.SGD(self.model.parameters(), lr=self.lr_local, momentum=self.momentum)
+                for s in range(self.local_steps):
+                    opt.zero_grad(set_to_none=True)
+                    if s == 0 and first_step is not None:
+                        for p, g in zip(self.model.parameters(), self.layout.views(first_step[row, t]).values()):
+                            p.grad = g.clone()
+                    else:
+                        self._loss(plan, s, w[t]).backward()
+                    opt.step()
+                deltas.append(get_flat(self.model) - theta)
+            out.append(torch.stack(deltas))
+        return torch.stack(out)

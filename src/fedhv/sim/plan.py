@@ -63,15 +63,22 @@ def client_plan(
     rotation_degrees: float | None,
     dropout_sites: dict[str, int],
     dropout_p: float,
+    tag: str = "train",
+    copy: int = 0,
 ) -> ClientPlan:
-    """Draw the plan of ``client`` in round ``round_idx``."""
-    g = torch_generator(seed, stream, "batches", round_idx, client)
-    batches = epoch_batches(local, steps, batch, g)
+    """Draw the plan of ``client`` in round ``round_idx``.
+
+    ``tag`` names the client computation (``"train"``, ``"grads"``) and ``copy`` the
+    trajectory or gradient index within it, so that every trajectory of every client
+    has its own independent stream.
+    """
+    keys = (round_idx, client, tag, copy)
+    batches = epoch_batches(local, steps, batch, torch_generator(seed, stream, "batches", *keys))
     angles = None
     if rotation_degrees:
-        ga = torch_generator(seed, stream, "augment", round_idx, client)
+        ga = torch_generator(seed, stream, "augment", *keys)
         angles = (torch.rand(steps, batch, generator=ga, dtype=torch.float64) * 2 - 1) * rotation_degrees
-    gd = torch_generator(seed, stream, "dropout", round_idx, client)
+    gd = torch_generator(seed, stream, "dropout", *keys)
     masks = {
         site: torch.rand(steps, batch, size, generator=gd) >= dropout_p
         for site, size in dropout_sites.items()
