@@ -50,3 +50,7 @@ class ScriptedFederation:
 
     def count_downlink(self, n: int) -> None:
         self.down += n
+
+    def relay(self, down_bytes: int, up_bytes: int) -> None:
+        self.down += down_bytes
+        self.up += up_bytes

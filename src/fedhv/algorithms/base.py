@@ -92,6 +92,9 @@ class Federation(Protocol):
     def count_downlink(self, nbytes_per_client: int) -> None:
         """Add bytes each client downloads in an algorithm-specific encoding."""
 
+    def relay(self, down_bytes: int, up_bytes: int) -> None:
+        """Count a synchronization stage whose client computation the algorithm simulates."""
+
 
 @dataclass(frozen=True)
 class StepResult:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fedhv.errors import ConfigError
 
 #: Methods that can be run (``method = ...``).
-METHODS: tuple[str, ...] = ("fedhv", "uniform")
+METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
 #: Method names accepted as keys of the ``[lr]`` table (the paper's four methods).
 LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 ENGINES: tuple[str, ...] = ("batched", "sequential")
@@ -129,6 +129,31 @@ class FedHVConfig:
 
 
 @dataclass(frozen=True)
+class FSMGDAConfig:
+    """FSMGDA options (reference notes §4.1; defaults follow the reference code)."""
+
+    reference_clip: bool = True
+    scale_decoders: bool = True
+    count_decoders: bool = False
+    max_iter: int = 1000
+    tol: float = 1e-10
+
+
+@dataclass(frozen=True)
+class FedCMOOConfig:
+    """FedCMOO options (paper B.6, reference notes §4.2)."""
+
+    estimator: str = "randsvd"
+    extra_upload: float = 1.0
+    oversample: float = 0.1
+    power_iterations: int = 2
+    weight_lr: float = 1e-3
+    weight_steps: int = 1000
+    weight_momentum: float = 0.0
+    symmetrize: bool = True
+
+
+@dataclass(frozen=True)
 class CalibrationConfig:
     """Reference calibration (paper §3.2, B.8): uniform-weight run(s),
     ``r = max over rounds and seeds of the averaged reports + margin``."""
@@ -156,6 +181,8 @@ class RunConfig:
     lr: dict[str, LearningRates] = field(default_factory=dict)
     eval: EvalConfig = field(default_factory=EvalConfig)
     fedhv: FedHVConfig = field(default_factory=FedHVConfig)
+    fsmgda: FSMGDAConfig = field(default_factory=FSMGDAConfig)
+    fedcmoo: FedCMOOConfig = field(default_factory=FedCMOOConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
     @property
@@ -263,6 +290,18 @@ def validate(cfg: RunConfig) -> None:
                     "non-negative loss; give a reference above the task losses or use "
                     "fedhv.reference = \"calibrate\""
                 )
+    f = cfg.fsmgda
+    if f.max_iter < 1 or not f.tol > 0:
+        raise ConfigError(f"fsmgda.max_iter = {f.max_iter} must be >= 1 and fsmgda.tol = {f.tol} > 0")
+    g = cfg.fedcmoo
+    _choice("fedcmoo.estimator", g.estimator, ("randsvd", "randsvd-direct"))
+    _positive("fedcmoo.extra_upload", g.extra_upload)
+    _positive("fedcmoo.weight_lr", g.weight_lr)
+    if g.oversample < 0 or g.power_iterations < 0 or g.weight_steps < 1 or not 0 <= g.weight_momentum < 1:
+        raise ConfigError(
+            "fedcmoo: oversample and power_iterations must be >= 0, weight_steps >= 1, weight_momentum in [0, 1); "
+            f"got {g.oversample}, {g.power_iterations}, {g.weight_steps}, {g.weight_momentum}"
+        )
     c = cfg.calibration
     if c.rounds < 1:
         raise ConfigError(f"calibration.rounds = {c.rounds} must be >= 1")

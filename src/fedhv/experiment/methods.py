@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from fedhv.algorithms import FedHV, Uniform
+from fedhv.algorithms.fedcmoo import FedCMOO
+from fedhv.algorithms.fsmgda import FSMGDA
 from fedhv.algorithms.base import Algorithm
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -20,6 +22,7 @@ from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
 from fedhv.experiment.setup import new_model
 from fedhv.metrics.evaluate import per_sample_losses
+from fedhv.models.params import ParamLayout, TaskSlices
 from fedhv.paper import REFERENCES
 
 
@@ -84,7 +87,30 @@ def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | No
     return MethodSetup(Uniform(cfg.lr_global))
 
 
-METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {"fedhv": _fedhv, "uniform": _uniform}
+def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
+    model = new_model(cfg, data, cfg.seed)
+    return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix)
+
+
+def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
+    f = cfg.fsmgda
+    return MethodSetup(FSMGDA(_slices(cfg, data), cfg.lr_global, f.reference_clip, f.scale_decoders,
+                              f.count_decoders, f.max_iter, f.tol))
+
+
+def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
+    g = cfg.fedcmoo
+    return MethodSetup(FedCMOO(_slices(cfg, data), cfg.lr_global, cfg.seed, g.estimator, g.extra_upload,
+                               g.oversample, g.power_iterations, g.weight_lr, g.weight_steps, g.weight_momentum,
+                               g.symmetrize))
+
+
+METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {
+    "fedhv": _fedhv,
+    "uniform": _uniform,
+    "fsmgda": _fsmgda,
+    "fedcmoo": _fedcmoo,
+}
 
 
 def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:

@@ -85,3 +85,32 @@ def default_init(module: nn.Module, generator: torch.Generator) -> None:
                 nn.init.ones_(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+
+
+@dataclass(frozen=True)
+class TaskSlices:
+    """Index sets of the shared encoder and of each task head in a flat vector.
+
+    Attributes
+    ----------
+    encoder : Tensor, int64
+        Positions of the encoder parameters (everything outside the heads).
+    heads : tuple of Tensor, int64
+        ``heads[t]``: positions of task ``t``'s head.
+    """
+
+    encoder: torch.Tensor
+    heads: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, layout: ParamLayout, num_tasks: int, head_prefix: str = "heads.") -> TaskSlices:
+        def positions(ranges: list[tuple[int, int]]) -> torch.Tensor:
+            if not ranges:
+                return torch.zeros(0, dtype=torch.long)
+            return torch.cat([torch.arange(a, b) for a, b in ranges])
+
+        heads = tuple(positions(layout.slice_of(f"{head_prefix}{t}.")) for t in range(num_tasks))
+        in_head = torch.zeros(layout.size, dtype=torch.bool)
+        for h in heads:
+            in_head[h] = True
+        return cls(torch.nonzero(~in_head).squeeze(1), heads)

@@ -52,6 +52,11 @@ class SimFederation:
     def count_downlink(self, nbytes_per_client: int) -> None:
         self.bytes_down += int(nbytes_per_client)
 
+    def relay(self, down_bytes: int, up_bytes: int) -> None:
+        self.stages += 1
+        self.bytes_down += int(down_bytes)
+        self.bytes_up += int(up_bytes)
+
     def exchange(self, theta: torch.Tensor, request: Request) -> Replies:
         """Run one stage for all sampled clients and count what crosses the network."""
         start = time.perf_counter()

@@ -1,0 +1,82 @@
+"""Randomized low-rank compression of task-gradient matrices (FedCMOO; reference
+notes §4.2; Halko, Martinsson & Tropp 2011, Algorithm 5.1 with power iterations).
+
+A client's encoder gradient matrix ``G [d, m]`` is rearranged to a near-square
+``s x (m * ceil(d / s))`` matrix with ``s = floor(sqrt(d m))`` (consecutive blocks of
+``s`` rows, zero-padded, laid side by side), then approximated with rank
+
+    r = floor(e * d / (2 sqrt(d m)))   (e = extra upload dimension, 1 by default),
+
+so the upload ``r (rows + cols)`` is about ``e * d`` values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def near_square_shape(d: int, m: int) -> tuple[int, int]:
+    """``(s, m * ceil(d / s))`` with ``s = floor(sqrt(d m))``."""
+    s = math.isqrt(d * m)
+    return s, m * math.ceil(d / s)
+
+
+def compression_rank(d: int, m: int, extra: float = 1.0) -> int:
+    """``r = floor(extra * d / (2 sqrt(d m)))``, at least 1."""
+    return max(1, math.floor(extra * d / (2.0 * math.sqrt(d * m))))
+
+
+def rearrange(g: torch.Tensor) -> torch.Tensor:
+    """``[d, m]`` -> near-square ``[s, m * nb]``: row blocks side by side."""
+    d, m = g.shape
+    s, cols = near_square_shape(d, m)
+    nb = cols // m
+    padded = torch.zeros(s * nb, m, dtype=g.dtype, device=g.device)
+    padded[:d] = g
+    return padded.view(nb, s, m).permute(1, 0, 2).reshape(s, nb * m)
+
+
+def unarrange(a: torch.Tensor, d: int, m: int) -> torch.Tensor:
+    """Inverse of :func:`rearrange`: ``[s, m * nb]`` -> ``[d, m]``."""
+    s = a.shape[0]
+    nb = a.shape[1] // m
+    return a.reshape(s, nb, m).permute(1, 0, 2).reshape(s * nb, m)[:d]
+
+
+def randomized_svd(
+    a: torch.Tensor, rank: int, generator: torch.Generator, oversample: float = 0.1, power_iterations: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-``rank`` factors ``(L, R)`` with ``a ~= L @ R.T``.
+
+    Gaussian test matrix with ``q = rank + floor(oversample * rank)`` columns,
+    ``Y = A Omega``, orthonormalised; ``power_iterations`` rounds of ``Q <- qr(A qr(A^T Q))``;
+    ``B = Q^T A``; exact SVD of ``B``; keep the top ``rank``: ``L = Q U_r S_r``, ``R = V_r``.
+
+    Returns
+    -------
+    L : Tensor ``[rows, rank]``
+    R : Tensor ``[cols, rank]``
+    """
+    rows, cols = a.shape
+    q = min(rank + math.floor(oversample * rank), rows, cols)
+    omega = torch.randn(cols, q, generator=generator, dtype=torch.float64).to(a.dtype)
+    qmat, _ = torch.linalg.qr(a @ omega)
+    for _ in range(power_iterations):
+        z, _ = torch.linalg.qr(a.T @ qmat)
+        qmat, _ = torch.linalg.qr(a @ z)
+    u, s, vh = torch.linalg.svd(qmat.T @ a, full_matrices=False)
+    r = min(rank, len(s))
+    return qmat @ (u[:, :r] * s[:r]), vh[:r].T
+
+
+def compress(g: torch.Tensor, rank: int, generator: torch.Generator, oversample: float = 0.1,
+             power_iterations: int = 2) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Low-rank approximation of ``g [d, m]`` through the near-square rearrangement.
+
+    Returns the reconstruction ``C [d, m]`` and the transmitted factors ``(L, R)``.
+    """
+    d, m = g.shape
+    left, right = randomized_svd(rearrange(g), rank, generator, oversample, power_iterations)
+    return unarrange(left @ right.T, d, m), (left, right)
