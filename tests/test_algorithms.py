@@ -68,3 +68,63 @@ def test_calibration_reference_is_max_report_plus_margin() -> None:
     assert np.all(np.abs(reports[0] - np.log(10)) < 0.2)
     m = cfg.train.clients_per_round
     assert result.bytes_down > 0 and result.bytes_up == result.bytes_down + 6 * m * 2 * 4
+
+
+def _slices(d_enc: int, head: int, m: int = 2):  # type: ignore[no-untyped-def]
+    from fedhv.models.params import TaskSlices
+
+    heads = tuple(torch.arange(d_enc + t * head, d_enc + (t + 1) * head) for t in range(m))
+    return TaskSlices(torch.arange(d_enc), heads)
+
+
+def test_fsmgda_round_logic() -> None:
+    from fedhv.algorithms.fsmgda import FSMGDA
+    from fedhv.weighting import min_norm_two
+
+    slices = _slices(2, 1)  # theta = [enc0, enc1, head0, head1]
+    alg = FSMGDA(slices, lr_global=2.0)
+    # Two clients; task 0 moves enc + head0, task 1 moves enc + head1.
+    deltas = torch.tensor(
+        [[[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 1.0]], [[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 3.0]]],
+        dtype=torch.float64,
+    )
+    fed = ScriptedFederation(np.array([0, 1]), [Replies(np.array([0, 1]), deltas=deltas)])
+    res = alg.round(alg.init_state(2), torch.zeros(4, dtype=torch.float64), fed)
+    (req,) = fed.requests
+    np.testing.assert_array_equal(req.train, np.eye(2))  # one single-task trajectory per task
+    lam = min_norm_two(np.array([[1.0, 0.0], [0.0, 4.0]]), reference_clip=True)
+    np.testing.assert_allclose(lam, [0.8, 0.2])
+    np.testing.assert_allclose(res.log["weights"], lam)
+    expected = 2.0 * np.array([0.8 * 1.0, 0.2 * 2.0, 0.8 * 0.5, 0.2 * 2.0])
+    np.testing.assert_allclose(res.theta.numpy(), expected)
+    # Without scale_decoders the heads take the full averaged task update.
+    alg2 = FSMGDA(slices, lr_global=2.0, scale_decoders=False)
+    fed2 = ScriptedFederation(np.array([0, 1]), [Replies(np.array([0, 1]), deltas=deltas)])
+    res2 = alg2.round(alg2.init_state(2), torch.zeros(4, dtype=torch.float64), fed2)
+    np.testing.assert_allclose(res2.theta.numpy()[2:], 2.0 * np.array([0.5, 2.0]))
+
+
+def test_fedcmoo_round_structure() -> None:
+    from fedhv.algorithms.fedcmoo import FedCMOO, find_weights
+
+    d = 50
+    slices = _slices(d - 2, 1)
+    alg = FedCMOO(slices, lr_global=1.5, estimator="randsvd-direct", extra_upload=4.0)
+    gen = torch.Generator().manual_seed(0)
+    grads = torch.randn(3, 2, d, generator=gen, dtype=torch.float64)
+    deltas = torch.randn(3, 1, d, generator=gen, dtype=torch.float64)
+    clients = np.array([0, 1, 2])
+    fed = ScriptedFederation(clients, [Replies(clients, gradients=grads), Replies(clients, deltas=deltas)])
+    state = alg.init_state(2)
+    res = alg.round(state, torch.zeros(d, dtype=torch.float64), fed)
+    g_req, t_req = fed.requests
+    np.testing.assert_array_equal(g_req.gradients, np.eye(2))
+    assert not g_req.upload_gradients and g_req.send_model
+    assert not t_req.send_model and set(t_req.payload) == {"weights"}
+    w = res.state.weights
+    np.testing.assert_allclose(t_req.train, [w])
+    torch.testing.assert_close(t_req.first_step[:, 0], torch.einsum("i,kid->kd", torch.tensor(w), grads))
+    enc = grads[:, :, slices.encoder].sum(0)
+    np.testing.assert_allclose(w, find_weights((enc @ enc.T).numpy() / 3, np.array([0.5, 0.5])), rtol=1e-6)
+    torch.testing.assert_close(res.theta, 1.5 * deltas[:, 0].mean(0))
+    assert res.state.round == 1

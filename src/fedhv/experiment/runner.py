@@ -12,12 +12,14 @@ from tqdm import tqdm
 
 from fedhv.config import dumps, to_dict
 from fedhv.config.schema import RunConfig
+from fedhv.data.federated import FederatedData
+from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.environment import environment
 from fedhv.experiment.loop import RoundRecord, run_rounds
-from fedhv.experiment.methods import build_method
+from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
 from fedhv.metrics import aggregate_metrics, evaluate_tasks
-from fedhv.models import get_flat, set_flat
+from fedhv.models import MultiTaskModel, get_flat, set_flat
 from fedhv.results.rundir import RunDir, default_run_dir
 
 
@@ -34,6 +36,20 @@ def _bar_factory(enabled: bool) -> Callable[[int, str], tqdm]:
 
 def _fmt(values: list[float], digits: int = 3) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
+
+
+def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, data: FederatedData) -> dict[str, Any]:
+    """Test metrics (top level) and other configured splits (nested) of ``theta``."""
+    set_flat(evaluator, theta)
+    entry: dict[str, Any] = {}
+    for split in cfg.eval.splits:
+        acc, loss = evaluate_tasks(evaluator, *data.eval_sets[split], cfg.eval.batch_size)
+        values = {**aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss}
+        if split == "test":
+            entry.update(values)
+        else:
+            entry[split] = values
+    return entry
 
 
 def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
@@ -62,40 +78,30 @@ def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool
         model = new_model(cfg, data, cfg.seed)
         evaluator = new_model(cfg, data, cfg.seed).eval()
         engine = make_engine(cfg, model, data, cfg.seed, stream="train")
-        theta = get_flat(model).clone()
-        totals: dict[str, Any] = {"client": 0.0, "server": 0.0, "eval": 0.0, "min_slack": None, "floor": 0}
+        totals = RunTotals()
         last_eval: dict[str, Any] = {}
-        last_round: dict[str, Any] = {}
         loop_start = time.perf_counter()
 
         def on_round(rec: RoundRecord, theta_new: torch.Tensor, state: Any) -> None:
-            totals["client"] += rec.time_client_s
-            totals["server"] += rec.time_server_s
-            if "min_slack" in rec.log:
-                ms = rec.log["min_slack"]
-                totals["min_slack"] = ms if totals["min_slack"] is None else min(totals["min_slack"], ms)
-                totals["floor"] += rec.log["floor_activations"]
+            totals.add_round(rec)
             record = rec.as_dict()
             record["wall_clock_s"] = time.perf_counter() - loop_start
-            last_round.clear()
-            last_round.update(record)
             if eval_due(rec.round, cfg):
                 t0 = time.perf_counter()
-                set_flat(evaluator, theta_new)
-                entry: dict[str, Any] = {"round": rec.round}
-                for split in cfg.eval.splits:
-                    acc, loss = evaluate_tasks(evaluator, *data.eval_sets[split], cfg.eval.batch_size)
-                    values = {**aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss}
-                    if split == "test":
-                        entry.update(values)
-                    else:
-                        entry[split] = values
-                entry["weights"] = rec.log.get("weights")
+                entry = {"round": rec.round, **evaluate(cfg, evaluator, theta_new, data)}
                 t_eval = time.perf_counter() - t0
-                totals["eval"] += t_eval
-                entry["time_eval_s"] = t_eval
-                entry["wall_clock_s"] = time.perf_counter() - loop_start
+                totals.time_eval_s += t_eval
                 record["time_eval_s"] = t_eval
+                entry.update({
+                    "weights": rec.log.get("weights"),
+                    "sync_stages": rec.sync_stages,
+                    "bytes_down_per_client_round": rec.bytes_down,
+                    "bytes_up_per_client_round": rec.bytes_up,
+                    "time_client_s": rec.time_client_s,
+                    "time_server_s": rec.time_server_s,
+                    "time_eval_s": t_eval,
+                    "wall_clock_s": time.perf_counter() - loop_start,
+                })
                 run.metrics.append(entry)
                 last_eval.clear()
                 last_eval.update(entry)
@@ -108,58 +114,53 @@ def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool
             bar.update()
 
         theta, _ = run_rounds(
-            setup.algorithm, engine, data, theta, cfg.rounds, cfg.train.clients_per_round,
+            setup.algorithm, engine, data, get_flat(model).clone(), cfg.rounds, cfg.train.clients_per_round,
             cfg.seed, "train", on_round,
         )
         bar.close()
         loop_seconds = time.perf_counter() - loop_start
         set_flat(evaluator, theta)
         torch.save({"state_dict": evaluator.state_dict(), "round": cfg.rounds}, run.path / "model.pt")
-        summary = _summary(cfg, setup, data.task_names, last_eval, last_round, totals, loop_seconds,
-                           time.perf_counter() - start)
+        summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start)
         run.write_json("summary.json", summary)
         return summary
     finally:
         run.close()
 
 
-def _summary(cfg, setup, task_names, last_eval, last_round, totals, loop_seconds, total_seconds) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def summarize(cfg: RunConfig, setup: MethodSetup, task_names: tuple[str, ...], last_eval: dict[str, Any],
+              totals: RunTotals, loop_seconds: float, total_seconds: float) -> dict[str, Any]:
+    """``summary.json``: final evaluation, cost and, for FedHV, reference diagnostics.
+
+    ``end_to_end`` adds the calibration cost to the adaptive rounds (paper Appendix D).
+    """
     summary: dict[str, Any] = {
         "setting": cfg.setting,
         "method": cfg.method,
         "seed": cfg.seed,
         "rounds": cfg.rounds,
+        "engine": cfg.engine,
         "tasks": list(task_names),
         "final_eval_round": last_eval.get("round"),
-        "mean_acc": last_eval.get("mean_acc"),
-        "worst_acc": last_eval.get("worst_acc"),
-        "mean_loss": last_eval.get("mean_loss"),
-        "hv": last_eval.get("hv"),
-        "task_acc": last_eval.get("task_acc"),
-        "task_loss": last_eval.get("task_loss"),
+        **{k: last_eval.get(k) for k in ("mean_acc", "worst_acc", "mean_loss", "hv", "task_acc", "task_loss")},
         "wall_clock_s": loop_seconds,
         "seconds_per_round": loop_seconds / cfg.rounds,
-        "time_client_s": totals["client"],
-        "time_server_s": totals["server"],
-        "time_eval_s": totals["eval"],
-        "bytes_down_per_client_round": last_round.get("bytes_down_per_client"),
-        "bytes_up_per_client_round": last_round.get("bytes_up_per_client"),
-        "engine": cfg.engine,
+        **totals.cost(),
     }
+    end_to_end = {"wall_clock_s": loop_seconds, "bytes_down": totals.bytes_down, "bytes_up": totals.bytes_up,
+                  "rounds": cfg.rounds}
     if setup.reference is not None:
         summary["reference"] = setup.reference
         summary["reference_source"] = setup.reference_source
-        summary["min_report_slack"] = totals["min_slack"]
-        summary["floor_activations"] = totals["floor"]
+        summary["min_report_slack"] = totals.min_report_slack
+        summary["floor_activations"] = totals.floor_activations
         summary["floor_checks"] = cfg.rounds * len(task_names)
     if setup.calibration is not None:
         cal = setup.calibration
-        summary["calibration"] = {
-            "rounds": cal.rounds,
-            "seconds": cal.seconds,
-            "bytes_down": cal.bytes_down,
-            "bytes_up": cal.bytes_up,
-        }
-        summary["wall_clock_with_calibration_s"] = loop_seconds + cal.seconds
+        summary["calibration"] = {"rounds": cal.rounds, "seconds": cal.seconds, "bytes_down": cal.bytes_down,
+                                  "bytes_up": cal.bytes_up}
+        end_to_end = {"wall_clock_s": loop_seconds + cal.seconds, "bytes_down": totals.bytes_down + cal.bytes_down,
+                      "bytes_up": totals.bytes_up + cal.bytes_up, "rounds": cfg.rounds + cal.rounds}
+    summary["end_to_end"] = end_to_end
     summary["wall_clock_total_s"] = total_seconds
     return summary
