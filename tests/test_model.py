@@ -62,3 +62,22 @@ def test_fast_pool_equals_max_pool() -> None:
     y = torch.randn(2, 2, 7, 7)
     with torch.no_grad():
         assert torch.equal(max_pool2(y), F.max_pool2d(y, 2))
+
+
+def test_cifar_cnn_parameter_counts_and_vmap_engine_path() -> None:
+    from torch.func import functional_call, vmap
+
+    from fedhv.models import CifarCNN
+
+    m = CifarCNN((10, 10)).double()
+    default_init(m, torch_generator(0, "init"))
+    enc = sum(p.numel() for n, p in m.named_parameters() if not n.startswith("heads."))
+    assert enc == 1_685_888 and sum(p.numel() for p in m.heads[0].parameters()) == 20_310
+    layout = ParamLayout.of(m)
+    flat = get_flat(m)
+    params = layout.views(torch.stack([flat, flat * 0.5]))
+    x = torch.randn(2, 3, 3, 32, 32, dtype=torch.float64)
+    masks = {s: torch.ones(2, 3, f, dtype=torch.bool) for s, f in m.dropout_sites().items()}
+    out = vmap(lambda p, xx, mm: functional_call(m, p, (xx, mm)))(params, x, masks)
+    ref = m(x[0], {s: v[0] for s, v in masks.items()})
+    torch.testing.assert_close(out[1][0], ref[1], rtol=0, atol=1e-12)

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from fedhv.algorithms import FedHV, Uniform
+from fedhv.algorithms.base import Algorithm
 from fedhv.algorithms.fedcmoo import FedCMOO
 from fedhv.algorithms.fsmgda import FSMGDA
-from fedhv.algorithms.base import Algorithm
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
