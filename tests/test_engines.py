@@ -131,3 +131,29 @@ def test_methods_equal_across_engines(method: str) -> None:
         alg = build_method(cfg, data).algorithm
         thetas[engine] = _train(cfg, alg, rounds=2)[0]
     assert (thetas["sequential"] - thetas["batched"]).abs().max().item() < 1e-10
+
+
+def test_cifar_mnist_engines_agree_with_rotation_and_flips() -> None:
+    """CIFAR10-MNIST: integer nearest rotations and whole-batch flips from shared plans."""
+    thetas = {}
+    for engine in ("sequential", "batched"):
+        cfg = small_config("dtype='float64'", f"engine='{engine}'", "method='uniform'", "data.flip_prob=0.5",
+                           setting="cifar10-mnist-b")
+        data = small_data(cfg)
+        assert data.augment is not None and data.augment.integer_angles and data.augment.interpolation == "nearest"
+        alg = Uniform(cfg.lr_global)
+        thetas[engine] = _train(cfg, alg, rounds=2)[0]
+    assert (thetas["sequential"] - thetas["batched"]).abs().max().item() < 1e-10
+
+
+def test_plans_draw_integer_angles_and_batch_flips() -> None:
+    from fedhv.data.augment import Augment
+    from fedhv.sim.plan import client_plan
+
+    aug = Augment(rotation_degrees=30, integer_angles=True, interpolation="nearest", flip_prob=0.4)
+    plan = client_plan(0, "s", 0, 0, torch.arange(640), 400, 1, aug, {}, 0.5)
+    assert plan.angles is not None and plan.flips is not None
+    assert torch.equal(plan.angles, plan.angles.round()) and plan.angles.min() == -30 and plan.angles.max() == 30
+    assert abs(plan.flips.double().mean().item() - 0.4) < 0.08
+    plain = client_plan(0, "s", 0, 0, torch.arange(640), 4, 16, Augment(rotation_degrees=25), {}, 0.5)
+    assert plain.flips is None and plain.angles is not None and plain.angles.abs().max() < 25

@@ -81,3 +81,21 @@ def test_cifar_cnn_parameter_counts_and_vmap_engine_path() -> None:
     out = vmap(lambda p, xx, mm: functional_call(m, p, (xx, mm)))(params, x, masks)
     ref = m(x[0], {s: v[0] for s, v in masks.items()})
     torch.testing.assert_close(out[1][0], ref[1], rtol=0, atol=1e-12)
+
+
+def test_cifar_batched_forward_equals_per_copy_forward() -> None:
+    from fedhv.models import CifarCNN
+
+    models = [CifarCNN((10, 10)).double() for _ in range(3)]
+    for k, m in enumerate(models):
+        default_init(m, torch_generator(k, "init"))
+    layout = ParamLayout.of(models[0])
+    params = layout.views(torch.stack([get_flat(m) for m in models]))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 3, 32, 32, generator=g, dtype=torch.float64)
+    masks = {s: torch.rand(3, 4, f, generator=g) > 0.5 for s, f in models[0].dropout_sites().items()}
+    out = models[0].forward_batched(params, x, masks)
+    for k, m in enumerate(models):
+        ref = m(x[k], {s: v[k] for s, v in masks.items()})
+        for task in range(2):
+            torch.testing.assert_close(out[task][k], ref[task], rtol=0, atol=1e-11)

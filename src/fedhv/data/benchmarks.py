@@ -18,10 +18,12 @@ validation with a seeded shuffle whose *last* ``val_fraction`` goes to validatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedhv.data.augment import Augment
 from fedhv.data.cache import cache_key, cached_arrays
 from fedhv.data.idx import FASHION_MNIST, MNIST, load_fashion_mnist, load_mnist
 from fedhv.rng import numpy_rng
@@ -40,12 +42,12 @@ class Benchmark:
     task_names : tuple of str
         One name per task ``i = 1..m``.
     num_classes : tuple of int
-    train_x, val_x, test_x : ndarray, uint8 ``[n, H, W]``
+    train_x, val_x, test_x : ndarray, uint8 ``[n, H, W]`` or ``[n, H, W, C]``
     train_y, val_y, test_y : ndarray, int64 ``[n, m]``
-    mean, std : float
-        Normalisation ``x -> (x / 255 - mean) / std``.
-    rotation_degrees : float
-        Training-batch augmentation: rotation uniform in ``[-deg, deg)``.
+    mean, std : tuple of float
+        Per-channel normalisation ``x -> (x / 255 - mean) / std``.
+    augment : Augment
+        Training-batch augmentation.
     """
 
     name: str
@@ -57,9 +59,9 @@ class Benchmark:
     val_y: np.ndarray
     test_x: np.ndarray
     test_y: np.ndarray
-    mean: float
-    std: float
-    rotation_degrees: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: Augment
 
     @property
     def num_tasks(self) -> int:
@@ -138,26 +140,70 @@ def load_benchmark(
     pair_seed: int = 0,
     val_fraction: float = 0.2,
     val_seed: int = 1,
-    rotation_degrees: float = 25.0,
+    augment: Augment | None = None,
     use_cache: bool = True,
 ) -> Benchmark:
-    """Build (or load from the cache) a two-digit benchmark."""
-    sources = [f.md5 for f in MNIST.files] + ([f.md5 for f in FASHION_MNIST.files] if benchmark != "multimnist" else [])
-    key = cache_key(benchmark=benchmark, sources=sources, pair_seed=pair_seed, version=1)
-    arrays = cached_arrays(benchmark, key, lambda: _build_pairs(benchmark, root, download, pair_seed), use_cache)
+    """Build (or load from the cache) a benchmark by name.
+
+    ``augment`` replaces the benchmark's default training augmentation.
+    """
+    if benchmark not in BUILDERS:
+        raise ValueError(f"unknown benchmark {benchmark!r}")
+    spec = BUILDERS[benchmark]
+    arrays = cached_arrays(
+        benchmark, cache_key(benchmark=benchmark, sources=spec.sources, pair_seed=pair_seed, version=spec.version),
+        lambda: spec.build(root, download, pair_seed), use_cache,
+    )
     tr, va = _split_val(len(arrays["train_x"]), val_fraction, val_seed)
-    names = ("left", "right") if benchmark == "multimnist" else ("digit", "fashion")
     return Benchmark(
         name=benchmark,
-        task_names=names,
-        num_classes=(10, 10),
+        task_names=spec.task_names,
+        num_classes=spec.num_classes,
         train_x=arrays["train_x"][tr],
         train_y=arrays["train_y"][tr],
         val_x=arrays["train_x"][va],
         val_y=arrays["train_y"][va],
         test_x=arrays["test_x"],
         test_y=arrays["test_y"],
-        mean=MNIST_MEAN,
-        std=MNIST_STD,
-        rotation_degrees=rotation_degrees,
+        mean=spec.mean,
+        std=spec.std,
+        augment=augment if augment is not None else spec.augment,
     )
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """How a benchmark is built: source checksums (cache key), builder, constants."""
+
+    sources: tuple[str, ...]
+    build: Callable[[str | None, bool, int], dict[str, np.ndarray]]
+    task_names: tuple[str, ...]
+    num_classes: tuple[int, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: Augment
+    version: int = 1
+
+
+def _cifar_mnist(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
+    from fedhv.data.cifar_mnist import build_cifar_mnist
+
+    return build_cifar_mnist(root, download)
+
+
+_MNIST_MD5 = tuple(f.md5 for f in MNIST.files)
+BUILDERS: dict[str, BenchmarkSpec] = {
+    "multimnist": BenchmarkSpec(
+        _MNIST_MD5, lambda r, d, s: _build_pairs("multimnist", r, d, s), ("left", "right"), (10, 10),
+        (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0),
+    ),
+    "mnist-fmnist": BenchmarkSpec(
+        _MNIST_MD5 + tuple(f.md5 for f in FASHION_MNIST.files), lambda r, d, s: _build_pairs("mnist-fmnist", r, d, s),
+        ("digit", "fashion"), (10, 10), (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0),
+    ),
+    "cifar10-mnist": BenchmarkSpec(
+        _MNIST_MD5 + ("cifar10",), _cifar_mnist, ("cifar", "digit"), (10, 10),
+        (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010),
+        Augment(rotation_degrees=30.0, integer_angles=True, interpolation="nearest", flip_prob=0.4),
+    ),
+}

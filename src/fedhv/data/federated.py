@@ -7,13 +7,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedhv.data.augment import Augment
 from fedhv.data.benchmarks import Benchmark
 
 
-def to_tensor_images(x: np.ndarray, mean: float, std: float, dtype: torch.dtype, device: str) -> torch.Tensor:
-    """uint8 ``[n, H, W]`` -> normalised ``[n, 1, H, W]``: ``(x/255 - mean)/std``."""
+def to_tensor_images(
+    x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype, device: str
+) -> torch.Tensor:
+    """uint8 ``[n, H, W]`` or ``[n, H, W, C]`` -> normalised ``[n, C, H, W]``:
+    ``(x / 255 - mean_c) / std_c``."""
     t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
-    return ((t.to(dtype) / 255.0 - mean) / std).unsqueeze(1)
+    t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)
+    m = torch.tensor(mean, dtype=dtype, device=device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=dtype, device=device).view(1, -1, 1, 1)
+    return ((t.to(dtype) / 255.0 - m) / s).contiguous()
 
 
 @dataclass(frozen=True)
@@ -30,8 +37,8 @@ class FederatedData:
         Client ``c`` holds training indices ``parts[c]``.
     eval_sets : dict
         ``{"test": (x, y), "val": (x, y)}``.
-    rotation_degrees : float or None
-        Training augmentation (``None`` = off).
+    augment : Augment or None
+        Training-batch augmentation (``None`` = off).
     """
 
     task_names: tuple[str, ...]
@@ -40,7 +47,7 @@ class FederatedData:
     train_y: torch.Tensor
     parts: torch.Tensor
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    rotation_degrees: float | None
+    augment: Augment | None
 
     @property
     def num_tasks(self) -> int:
@@ -76,5 +83,5 @@ class FederatedData:
             train_y=labels(bench.train_y),
             parts=torch.from_numpy(parts).to(device),
             eval_sets={"test": (images(test_x), labels(test_y)), "val": (images(bench.val_x), labels(bench.val_y))},
-            rotation_degrees=bench.rotation_degrees if augment and bench.rotation_degrees > 0 else None,
+            augment=bench.augment if augment and bench.augment.active else None,
         )

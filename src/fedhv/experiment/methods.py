@@ -6,6 +6,7 @@ Table 6, or given directly (checked against the task count and the initial losse
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
-from fedhv.experiment.setup import new_model
+from fedhv.experiment.setup import federated_data, new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
 from fedhv.paper import REFERENCES
@@ -50,7 +51,17 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
     m = data.num_tasks
     spec = cfg.fedhv.reference
     if spec == "calibrate":
-        result = calibrate(cfg, data, progress)
+        c = cfg.calibration
+        cal_data = data
+        if c.partition_alpha is not None or c.partition_strata is not None:
+            p = dataclasses.replace(
+                cfg.partition,
+                alpha=cfg.partition.alpha if c.partition_alpha is None else c.partition_alpha,
+                strata=cfg.partition.strata if c.partition_strata is None else c.partition_strata,
+            )
+            if p != cfg.partition:
+                cal_data = federated_data(dataclasses.replace(cfg, partition=p))
+        result = calibrate(cfg, cal_data, progress)
         return np.asarray(result.reference), "calibration", result
     if spec == "paper":
         if cfg.data.benchmark not in REFERENCES:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -27,8 +29,15 @@ def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray]:
         pair_seed=d.pair_seed,
         val_fraction=d.val_fraction,
         val_seed=d.val_seed,
-        rotation_degrees=d.rotation_degrees,
     )
+    if d.rotation_degrees is not None or d.flip_prob is not None:
+        aug = bench.augment
+        aug = dataclasses.replace(
+            aug,
+            rotation_degrees=aug.rotation_degrees if d.rotation_degrees is None else d.rotation_degrees,
+            flip_prob=aug.flip_prob if d.flip_prob is None else d.flip_prob,
+        )
+        bench = dataclasses.replace(bench, augment=aug)
     p = cfg.partition
     parts = dirichlet_partition(bench.strata(p.strata), p.clients, p.samples_per_client, p.alpha, p.seed)
     return bench, parts

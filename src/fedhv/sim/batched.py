@@ -68,8 +68,12 @@ class BatchedEngine(Engine):
         idx = torch.stack([p.batches[step] for p in plans]).reshape(-1)
         x = self.data.train_x[idx]
         if plans[0].angles is not None:
-            x = rotate(x, torch.stack([p.angles[step] for p in plans if p.angles is not None]).reshape(-1))
+            mode = self.data.augment.interpolation if self.data.augment else "bilinear"
+            x = rotate(x, torch.stack([p.angles[step] for p in plans if p.angles is not None]).reshape(-1), mode)
         x = x.view(n, b, *x.shape[1:])
+        if plans[0].flips is not None:
+            flip = torch.stack([p.flips[step] for p in plans if p.flips is not None])
+            x = torch.where(flip.view(n, 1, 1, 1, 1), x.flip(-1), x)
         y = self.data.train_y[idx].view(n, b, -1)
         masks = {site: torch.stack([p.masks[site][step] for p in plans]) for site in plans[0].masks}
         logps = self._forward(self.layout.views(params), x, masks)

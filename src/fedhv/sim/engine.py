@@ -74,18 +74,21 @@ class Engine:
         """The random choices of one trajectory (or gradient) of ``client``."""
         return client_plan(
             self.seed, self.stream, round_idx, client, self.data.parts[client], steps, self.batch_size,
-            self.data.rotation_degrees, self.model.dropout_sites(), self.model.dropout, tag, copy,
+            self.data.augment, self.model.dropout_sites(), self.model.dropout, tag, copy,
         )
 
     def report_indices(self, client: int, round_idx: int, budget: int | str) -> torch.Tensor:
         return report_indices(self.seed, self.stream, round_idx, client, self.data.parts[client], budget,
                               self.batch_size)
 
-    def batch(self, idx: torch.Tensor, angles: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather (and augment) a minibatch of training samples."""
+    def batch(self, plan: ClientPlan, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather (and augment) the step-``step`` minibatch of a plan."""
+        idx = plan.batches[step]
         x = self.data.train_x[idx]
-        if angles is not None:
-            x = rotate(x, angles)
+        if plan.angles is not None:
+            x = rotate(x, plan.angles[step], self.data.augment.interpolation if self.data.augment else "bilinear")
+        if plan.flips is not None and bool(plan.flips[step]):
+            x = x.flip(-1)
         return x, self.data.train_y[idx]
 
     def as_tensor(self, weights: np.ndarray) -> torch.Tensor:
@@ -127,7 +130,7 @@ class SequentialEngine(Engine):
         return torch.stack(out)
 
     def _loss(self, plan: ClientPlan, step: int, w: torch.Tensor) -> torch.Tensor:
-        x, y = self.batch(plan.batches[step], None if plan.angles is None else plan.angles[step])
+        x, y = self.batch(plan, step)
         logps = self.model(x, {site: m[step] for site, m in plan.masks.items()})
         return (task_nll(logps, y) * w).sum()
 

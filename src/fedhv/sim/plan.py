@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhv.data.augment import Augment
 from fedhv.rng import torch_generator
 
 
@@ -29,7 +30,9 @@ class ClientPlan:
     batches : Tensor, int64 ``[K, B]``
         Global training indices of each local step's minibatch.
     angles : Tensor ``[K, B]`` or None
-        Rotation angles in degrees (``None`` = no augmentation).
+        Rotation angles in degrees (``None`` = no rotation).
+    flips : Tensor, bool ``[K]`` or None
+        Whether each step's minibatch is flipped horizontally (``None`` = never).
     masks : dict of Tensor, bool ``[K, B, features]``
         Dropout keep-masks per site.
     """
@@ -37,6 +40,7 @@ class ClientPlan:
     batches: torch.Tensor
     angles: torch.Tensor | None
     masks: dict[str, torch.Tensor]
+    flips: torch.Tensor | None = None
 
 
 def epoch_batches(local: torch.Tensor, steps: int, batch: int, g: torch.Generator) -> torch.Tensor:
@@ -60,7 +64,7 @@ def client_plan(
     local: torch.Tensor,
     steps: int,
     batch: int,
-    rotation_degrees: float | None,
+    augment: Augment | None,
     dropout_sites: dict[str, int],
     dropout_p: float,
     tag: str = "train",
@@ -74,16 +78,22 @@ def client_plan(
     """
     keys = (round_idx, client, tag, copy)
     batches = epoch_batches(local, steps, batch, torch_generator(seed, stream, "batches", *keys))
-    angles = None
-    if rotation_degrees:
+    angles = flips = None
+    if augment is not None and augment.rotation_degrees > 0:
         ga = torch_generator(seed, stream, "augment", *keys)
-        angles = (torch.rand(steps, batch, generator=ga, dtype=torch.float64) * 2 - 1) * rotation_degrees
+        deg = augment.rotation_degrees
+        if augment.integer_angles:
+            angles = torch.randint(-int(deg), int(deg) + 1, (steps, batch), generator=ga).to(torch.float64)
+        else:
+            angles = (torch.rand(steps, batch, generator=ga, dtype=torch.float64) * 2 - 1) * deg
+    if augment is not None and augment.flip_prob > 0:
+        flips = torch.rand(steps, generator=torch_generator(seed, stream, "flip", *keys)) < augment.flip_prob
     gd = torch_generator(seed, stream, "dropout", *keys)
     masks = {
         site: torch.rand(steps, batch, size, generator=gd) >= dropout_p
         for site, size in dropout_sites.items()
     }
-    return ClientPlan(batches, angles, masks)
+    return ClientPlan(batches, angles, masks, flips)
 
 
 def report_indices(
