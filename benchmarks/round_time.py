@@ -94,7 +94,7 @@ def main() -> None:
     results = {}
     for name in ("sequential", "batched"):
         (total, _, _), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
-        rep = statistics.median(_timed(lambda: eng.reports(theta, clients, 0, "all")) for _ in range(3))
+        rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
         results[name] = total
         print(f"{name:<11} {total:8.3f} {rep:8.3f} {total - rep:9.3f} {flops / total / 1e9:8.1f}")
     print(f"batched / sequential: {results['sequential'] / results['batched']:.2f}x faster "

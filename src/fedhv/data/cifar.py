@@ -22,6 +22,7 @@ import hashlib
 import io
 import pickle
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,9 @@ def _decode(blob: bytes, origin: str) -> np.ndarray:
     return arr
 
 
-def _from_entries(entries: list[tuple[str, str, str]], read: callable, origin: str) -> dict[str, Split]:  # type: ignore[valid-type]
+def _from_entries(
+    entries: list[tuple[str, str, str]], read: Callable[[tuple[str, str, str]], bytes], origin: str
+) -> dict[str, Split]:
     """``entries``: (split, class, name) sorted; ``read(entry) -> bytes``."""
     out: dict[str, Split] = {}
     for split in ("train", "test"):
@@ -165,7 +168,7 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _cached(kind: str, digest: str, build: callable) -> dict[str, Split]:  # type: ignore[valid-type]
+def _cached(kind: str, digest: str, build: Callable[[], dict[str, Split]]) -> dict[str, Split]:
     arrays = cached_arrays("cifar10", cache_key(kind=kind, digest=digest, version=1), lambda: {
         f"{s}_{k}": v for s, split in build().items() for k, v in zip(("x", "y"), split)
     })
