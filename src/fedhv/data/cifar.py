@@ -18,6 +18,7 @@ downloaded from the canonical address and checked. Decoded image folders are cac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import pickle
@@ -188,11 +189,11 @@ def load_cifar10(root: str | Path | None = None, download: bool = True) -> dict[
             listing = "\n".join(
                 str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if p.is_file()
             )
-            return _cached("folder", hashlib.sha256(listing.encode()).hexdigest(), lambda f=folder: read_image_folder(f))
+            return _cached("folder", hashlib.sha256(listing.encode()).hexdigest(), functools.partial(read_image_folder, folder))
         if folder.is_dir():
             tars = sorted(p for p in folder.iterdir() if p.name.endswith((".tar", ".tar.gz", ".tgz")))
             if tars:
-                return _cached("tar", _file_digest(tars[0]), lambda t=tars[0]: read_image_tar(t))
+                return _cached("tar", _file_digest(tars[0]), functools.partial(read_image_tar, tars[0]))
     if download:
         from fedhv.data.files import _download
 
