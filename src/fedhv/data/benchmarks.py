@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedhv.data.augment import Augment
+from fedhv.objectives import Classification, Objective
 from fedhv.data.cache import cache_key, cached_arrays
 from fedhv.data.idx import FASHION_MNIST, MNIST, load_fashion_mnist, load_mnist
 from fedhv.rng import numpy_rng
@@ -62,6 +63,7 @@ class Benchmark:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     augment: Augment
+    objective: Objective = Classification()
 
     @property
     def num_tasks(self) -> int:
@@ -168,6 +170,7 @@ def load_benchmark(
         mean=spec.mean,
         std=spec.std,
         augment=augment if augment is not None else spec.augment,
+        objective=spec.objective,
     )
 
 
@@ -182,6 +185,7 @@ class BenchmarkSpec:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     augment: Augment
+    objective: Objective = Classification()
     version: int = 1
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from fedhv.data.augment import Augment
+from fedhv.objectives import Classification, Objective
 from fedhv.data.benchmarks import Benchmark
 
 
@@ -48,6 +49,7 @@ class FederatedData:
     parts: torch.Tensor
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]]
     augment: Augment | None
+    objective: Objective = Classification()
 
     @property
     def num_tasks(self) -> int:
@@ -84,4 +86,5 @@ class FederatedData:
             parts=torch.from_numpy(parts).to(device),
             eval_sets={"test": (images(test_x), labels(test_y)), "val": (images(bench.val_x), labels(bench.val_y))},
             augment=bench.augment if augment and bench.augment.active else None,
+            objective=bench.objective,
         )

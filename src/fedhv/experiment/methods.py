@@ -41,7 +41,7 @@ def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray
     """Task losses of the initial model over all clients' training samples."""
     model = new_model(cfg, data, seed).eval()
     idx = torch.unique(data.parts.reshape(-1))
-    losses, _ = per_sample_losses(model, data.train_x[idx], data.train_y[idx], 2048)
+    losses, _ = per_sample_losses(model, data.train_x[idx], data.train_y[idx], 2048, data.objective)
     return losses.double().mean(0).cpu().numpy()
 
 

@@ -43,7 +43,7 @@ def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, dat
     set_flat(evaluator, theta)
     entry: dict[str, Any] = {}
     for split in cfg.eval.splits:
-        acc, loss = evaluate_tasks(evaluator, *data.eval_sets[split], cfg.eval.batch_size)
+        acc, loss = evaluate_tasks(evaluator, *data.eval_sets[split], cfg.eval.batch_size, data.objective)
         values = {**aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss}
         if split == "test":
             entry.update(values)

@@ -22,7 +22,7 @@ from torch.func import functional_call, vmap
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import set_flat
 from fedhv.sim.engine import Engine
-from fedhv.sim.local import rotate, task_nll
+from fedhv.sim.local import rotate
 from fedhv.sim.plan import ClientPlan
 
 
@@ -50,7 +50,8 @@ class BatchedEngine(Engine):
         set_flat(self.model, theta)
         self.model.eval()
         losses, _ = per_sample_losses(
-            self.model, self.data.train_x[all_idx], self.data.train_y[all_idx], self.eval_batch_size
+            self.model, self.data.train_x[all_idx], self.data.train_y[all_idx], self.eval_batch_size,
+            self.data.objective,
         )
         self.model.train()
         return torch.stack([part.mean(0) for part in torch.split(losses, [len(i) for i in idx])])
@@ -77,7 +78,7 @@ class BatchedEngine(Engine):
         y = self.data.train_y[idx].view(n, b, -1)
         masks = {site: torch.stack([p.masks[site][step] for p in plans]) for site in plans[0].masks}
         logps = self._forward(self.layout.views(params), x, masks)
-        return (task_nll(logps, y) * w).sum()
+        return (self.data.objective.batch_losses(logps, y) * w).sum()
 
     def _chunks(self, n: int) -> list[slice]:
         size = self.chunk or n

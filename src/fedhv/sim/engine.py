@@ -22,7 +22,7 @@ from fedhv.data.federated import FederatedData
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.base import MultiTaskModel
 from fedhv.models.params import ParamLayout, get_flat, set_flat
-from fedhv.sim.local import rotate, task_nll
+from fedhv.sim.local import rotate
 from fedhv.sim.plan import ClientPlan, client_plan, report_indices
 
 
@@ -124,7 +124,7 @@ class SequentialEngine(Engine):
         for client in clients:
             idx = self.report_indices(int(client), round_idx, budget)
             losses, _ = per_sample_losses(self.model, self.data.train_x[idx], self.data.train_y[idx],
-                                          self.eval_batch_size)
+                                          self.eval_batch_size, self.data.objective)
             out.append(losses.mean(0))
         self.model.train()
         return torch.stack(out)
@@ -132,7 +132,7 @@ class SequentialEngine(Engine):
     def _loss(self, plan: ClientPlan, step: int, w: torch.Tensor) -> torch.Tensor:
         x, y = self.batch(plan, step)
         logps = self.model(x, {site: m[step] for site, m in plan.masks.items()})
-        return (task_nll(logps, y) * w).sum()
+        return (self.data.objective.batch_losses(logps, y) * w).sum()
 
     def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:
         w = self.as_tensor(weights)

@@ -22,23 +22,3 @@ def rotate(x: torch.Tensor, degrees: torch.Tensor, mode: str = "bilinear") -> to
     return F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
 
 
-def task_nll(logps: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-    """Per-task mean negative log-likelihood.
-
-    Parameters
-    ----------
-    logps : list of Tensor ``[..., B, C_i]``
-    y : Tensor, int64 ``[..., B, m]``
-
-    Returns
-    -------
-    Tensor ``[..., m]``
-        ``l_i = -(1/B) sum_b log p_i(y_{b,i})``.
-    """
-    losses = [-lp.gather(-1, y[..., i : i + 1]).squeeze(-1).mean(-1) for i, lp in enumerate(logps)]
-    return torch.stack(losses, -1)
-
-
-def per_sample_nll(logps: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
-    """Per-sample, per-task NLL ``[n, m]`` (no reduction)."""
-    return torch.stack([-lp.gather(-1, y[:, i : i + 1]).squeeze(-1) for i, lp in enumerate(logps)], -1)

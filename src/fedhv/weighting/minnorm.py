@@ -10,9 +10,12 @@ Given the Gram matrix ``G = V V^T`` of ``m`` task vectors ``v_i``, find
 used by FedCMOO's FSMGDA) instead returns ``0.999`` when ``G12 >= G11`` and ``0.001``
 when ``G12 >= G22``; ``reference_clip=True`` reproduces that.
 
-For ``m >= 3``: projected gradient steps with an exact line search (the objective is
-quadratic), from the uniform point, stopping when ``||Delta lambda||_1 < tol`` or after
-``max_iter`` iterations (the reference solver has no working iteration cap,
+For ``m >= 3``: Wolfe's minimum-norm-point algorithm (Wolfe, 1976) on the Gram matrix,
+an active-set method that terminates finitely: grow a "corral" of vertices by the most
+descending one, move to the affine minimiser of the corral, and drop vertices whose
+weights would turn negative. It stops when no vertex improves the current point by
+more than ``tol`` (relative to ``max_ij |G_ij|``) or after ``max_iter`` major
+iterations (the reference solver has no working iteration cap,
 isl-org/MultiObjectiveOptimization#39).
 """
 
@@ -81,19 +84,51 @@ def min_norm(gram: np.ndarray, max_iter: int = 1000, tol: float = 1e-10, referen
     if m == 2:
         w = min_norm_two(g, reference_clip)
         return MinNormResult(w, float(w @ g @ w), 0)
-    lam = np.full(m, 1.0 / m)
-    trace = float(np.trace(g))
-    if trace <= 0:  # all vectors are zero: every point is optimal
-        return MinNormResult(lam, 0.0, 0)
-    step = 1.0 / (2.0 * trace)  # <= 1/L with L = 2 lambda_max(G) <= 2 trace(G)
-    it = 0
-    for it in range(1, max_iter + 1):
-        d = project_simplex(lam - step * 2.0 * (g @ lam)) - lam
-        curv = float(d @ g @ d)
-        slope = float(lam @ g @ d)
-        tau = 1.0 if curv <= 0 else float(np.clip(-slope / curv, 0.0, 1.0))
-        lam = lam + tau * d
-        if tau * float(np.abs(d).sum()) < tol:
-            break
+    lam, it = _wolfe(g, max_iter, tol)
     lam = project_simplex(lam)
     return MinNormResult(lam, float(lam @ g @ lam), it)
+
+
+def _affine_minimizer(g: np.ndarray, corral: list[int]) -> np.ndarray:
+    """Weights (summing to 1) of the min-norm point of the affine hull of ``corral``."""
+    k = len(corral)
+    a = np.zeros((k + 1, k + 1))
+    a[:k, :k] = g[np.ix_(corral, corral)]
+    a[:k, k] = 1.0
+    a[k, :k] = 1.0
+    rhs = np.zeros(k + 1)
+    rhs[k] = 1.0
+    sol = np.linalg.lstsq(a, rhs, rcond=None)[0][:k]
+    return sol / sol.sum() if abs(sol.sum()) > 1e-300 else np.full(k, 1.0 / k)
+
+
+def _wolfe(g: np.ndarray, max_iter: int, tol: float) -> tuple[np.ndarray, int]:
+    m = g.shape[0]
+    scale = max(float(np.abs(g).max()), 1e-300)
+    start = int(np.argmin(np.diag(g)))
+    lam = np.zeros(m)
+    lam[start] = 1.0
+    corral = [start]
+    it = 0
+    for it in range(1, max_iter + 1):
+        grad = g @ lam
+        value = float(lam @ grad)
+        j = int(np.argmin(grad))
+        if value - grad[j] <= tol * scale or j in corral:
+            break
+        corral.append(j)
+        for _ in range(m + 1):  # minor cycles: at most one removal per cycle
+            alpha = _affine_minimizer(g, corral)
+            if np.all(alpha > 1e-15):
+                lam = np.zeros(m)
+                lam[corral] = alpha
+                break
+            cur = lam[corral]
+            neg = alpha <= 1e-15
+            theta = float(np.min(cur[neg] / (cur[neg] - alpha[neg])))
+            new = cur + theta * (alpha - cur)
+            lam = np.zeros(m)
+            lam[corral] = np.clip(new, 0.0, None)
+            corral = [c for c, v in zip(corral, new) if v > 1e-15]
+            lam /= lam.sum()
+    return lam, it
