@@ -18,7 +18,7 @@ LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 ENGINES: tuple[str, ...] = ("batched", "sequential")
 DTYPES: tuple[str, ...] = ("float32", "float64")
 STRATA: tuple[str, ...] = ("all-label", "first-label")
-BENCHMARKS: tuple[str, ...] = ("multimnist", "mnist-fmnist", "cifar10-mnist")
+BENCHMARKS: tuple[str, ...] = ("multimnist", "mnist-fmnist", "cifar10-mnist", "celeba5")
 
 
 @dataclass(frozen=True)

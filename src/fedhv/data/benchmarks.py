@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedhv.data.augment import Augment
-from fedhv.objectives import Classification, Objective
+from fedhv.objectives import Classification, MultiLabel, Objective
 from fedhv.data.cache import cache_key, cached_arrays
 from fedhv.data.idx import FASHION_MNIST, MNIST, load_fashion_mnist, load_mnist
 from fedhv.rng import numpy_rng
@@ -69,12 +69,32 @@ class Benchmark:
     def num_tasks(self) -> int:
         return len(self.task_names)
 
+    def representative_attributes(self) -> tuple[int, ...]:
+        """Multi-label tasks: per task, the attribute with training positive rate closest to 1/2."""
+        assert isinstance(self.objective, MultiLabel)
+        rates = self.train_y.mean(0)
+        return tuple(int(min(g, key=lambda a: (abs(rates[a] - 0.5), a))) for g in self.objective.groups)
+
     def strata(self, rule: str) -> np.ndarray:
         """Stratum label of every training sample for Dirichlet partitioning.
 
-        ``"all-label"``: the joint label ``sum_i y_i * prod_{j>i} C_j`` (``10 L + R``
-        for two 10-class tasks); ``"first-label"``: the first task's label.
+        Classification tasks: ``"all-label"`` is the joint label
+        ``sum_i y_i * prod_{j>i} C_j`` (``10 L + R`` for two 10-class tasks) and
+        ``"first-label"`` the first task's label. Multi-label tasks (CelebA5):
+        ``"first-label"`` is the reference code's 3-bit code of Attractive, Male and
+        Mouth_Slightly_Open (8 strata); ``"all-label"`` joins one representative binary
+        label per task -- the task's attribute whose training positive rate is closest
+        to 1/2 -- into an ``m``-bit code (32 strata for CelebA5). A joint code of all 40
+        attributes would give almost one stratum per image.
         """
+        if isinstance(self.objective, MultiLabel):
+            from fedhv.data.celeba import FIRST_LABEL_ATTRIBUTES
+
+            columns = FIRST_LABEL_ATTRIBUTES if rule == "first-label" else self.representative_attributes()
+            code = np.zeros(len(self.train_y), dtype=np.int64)
+            for c in columns:
+                code = code * 2 + self.train_y[:, c].astype(np.int64)
+            return code
         if rule == "first-label":
             return self.train_y[:, 0].copy()
         joint = np.zeros(len(self.train_y), dtype=np.int64)
@@ -152,19 +172,25 @@ def load_benchmark(
     if benchmark not in BUILDERS:
         raise ValueError(f"unknown benchmark {benchmark!r}")
     spec = BUILDERS[benchmark]
+    sources = spec.sources if spec.fingerprint is None else spec.sources + (spec.fingerprint(root),)
     arrays = cached_arrays(
-        benchmark, cache_key(benchmark=benchmark, sources=spec.sources, pair_seed=pair_seed, version=spec.version),
+        benchmark, cache_key(benchmark=benchmark, sources=sources, pair_seed=pair_seed, version=spec.version),
         lambda: spec.build(root, download, pair_seed), use_cache,
     )
-    tr, va = _split_val(len(arrays["train_x"]), val_fraction, val_seed)
+    if "val_x" in arrays:  # an official validation split (CelebA)
+        train_x, train_y, val_x, val_y = arrays["train_x"], arrays["train_y"], arrays["val_x"], arrays["val_y"]
+    else:
+        tr, va = _split_val(len(arrays["train_x"]), val_fraction, val_seed)
+        train_x, train_y = arrays["train_x"][tr], arrays["train_y"][tr]
+        val_x, val_y = arrays["train_x"][va], arrays["train_y"][va]
     return Benchmark(
         name=benchmark,
         task_names=spec.task_names,
         num_classes=spec.num_classes,
-        train_x=arrays["train_x"][tr],
-        train_y=arrays["train_y"][tr],
-        val_x=arrays["train_x"][va],
-        val_y=arrays["train_y"][va],
+        train_x=train_x,
+        train_y=train_y,
+        val_x=val_x,
+        val_y=val_y,
         test_x=arrays["test_x"],
         test_y=arrays["test_y"],
         mean=spec.mean,
@@ -187,12 +213,26 @@ class BenchmarkSpec:
     augment: Augment
     objective: Objective = Classification()
     version: int = 1
+    fingerprint: Callable[[str | None], str] | None = None
 
 
 def _cifar_mnist(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
     from fedhv.data.cifar_mnist import build_cifar_mnist
 
     return build_cifar_mnist(root, download)
+
+
+def _celeba5(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
+    from fedhv.data.celeba import load_celeba
+
+    data = load_celeba(root)
+    return {f"{split}_{k}": v for split, pair in data.items() for k, v in zip(("x", "y"), pair)}
+
+
+def _celeba_fingerprint(root: str | None) -> str:
+    from fedhv.data.celeba import fingerprint
+
+    return fingerprint(root)
 
 
 _MNIST_MD5 = tuple(f.md5 for f in MNIST.files)
@@ -209,5 +249,12 @@ BUILDERS: dict[str, BenchmarkSpec] = {
         _MNIST_MD5 + ("cifar10",), _cifar_mnist, ("cifar", "digit"), (10, 10),
         (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010),
         Augment(rotation_degrees=30.0, integer_angles=True, interpolation="nearest", flip_prob=0.4),
+    ),
+    "celeba5": BenchmarkSpec(
+        ("celeba",), _celeba5, ("T1", "T2", "T3", "T4", "T5"), (8, 8, 8, 8, 8),
+        tuple(v / 255.0 for v in (72.39239876, 82.90891754, 73.15835921)), (1.0, 1.0, 1.0), Augment(),
+        MultiLabel(((0, 9, 3, 15, 22, 33, 25, 29), (1, 8, 7, 10, 16, 32, 26, 34), (2, 11, 12, 14, 21, 28, 35, 39),
+                    (4, 6, 13, 18, 19, 20, 30, 31), (5, 17, 23, 24, 27, 36, 37, 38))),
+        fingerprint=_celeba_fingerprint,
     ),
 }

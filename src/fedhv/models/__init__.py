@@ -5,9 +5,10 @@ from __future__ import annotations
 from fedhv.models.base import MultiTaskModel
 from fedhv.models.cifar_cnn import CifarCNN
 from fedhv.models.lenet import LeNetMTL
+from fedhv.models.resnet import ResNet18GN
 from fedhv.models.params import ParamLayout, default_init, get_flat, set_flat
 
-__all__ = ["CifarCNN", "LeNetMTL", "MultiTaskModel", "ParamLayout", "build_model", "default_init", "get_flat", "set_flat"]
+__all__ = ["CifarCNN", "LeNetMTL", "ResNet18GN", "MultiTaskModel", "ParamLayout", "build_model", "default_init", "get_flat", "set_flat"]
 
 
 def build_model(benchmark: str, num_classes: tuple[int, ...]) -> MultiTaskModel:
@@ -16,4 +17,6 @@ def build_model(benchmark: str, num_classes: tuple[int, ...]) -> MultiTaskModel:
         return LeNetMTL(num_classes)
     if benchmark.startswith("cifar10-mnist"):
         return CifarCNN(num_classes)
+    if benchmark == "celeba5":
+        return ResNet18GN(num_classes)
     raise ValueError(f"no model for benchmark {benchmark!r}")

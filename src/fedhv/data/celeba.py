@@ -1,0 +1,151 @@
+"""CelebA reader and the CelebA5 benchmark (paper B.1 Table 2; reference notes §1.4).
+
+Layout under the data root (``celeba/`` or the root itself): ``img_align_celeba/``
+(``NNNNNN.jpg``, 178x218), ``list_attr_celeba.txt`` (count line, header of the 40
+attribute names, one row per image with 1/-1) and ``list_eval_partition.txt``
+(``NNNNNN.jpg 0|1|2`` = train/val/test), or the Kaggle CSV variants
+``list_attr_celeba.csv`` / ``list_eval_partition.csv``. Images are taken in sorted
+file-name order (the reference code's order depends on Python's set hashing).
+Each image is resized directly to 32x32 with PIL bilinear interpolation (no crop);
+normalisation subtracts the per-channel mean (R 72.392, G 82.909, B 73.158 in
+0..255 units) and divides by 255 (no std). Attributes -1 become 0.
+
+CelebA may not be redistributed; fedhv never downloads it. Full-size annotation files
+are checked against their published md5 sums; smaller files (e.g. test fixtures) are
+read as they are, with a warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from fedhv.data.files import data_root
+from fedhv.errors import DataError
+
+ATTRIBUTES = (
+    "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips", "Big_Nose",
+    "Black_Hair", "Blond_Hair", "Blurry", "Brown_Hair", "Bushy_Eyebrows", "Chubby", "Double_Chin", "Eyeglasses",
+    "Goatee", "Gray_Hair", "Heavy_Makeup", "High_Cheekbones", "Male", "Mouth_Slightly_Open", "Mustache",
+    "Narrow_Eyes", "No_Beard", "Oval_Face", "Pale_Skin", "Pointy_Nose", "Receding_Hairline", "Rosy_Cheeks",
+    "Sideburns", "Smiling", "Straight_Hair", "Wavy_Hair", "Wearing_Earrings", "Wearing_Hat", "Wearing_Lipstick",
+    "Wearing_Necklace", "Wearing_Necktie", "Young",
+)
+#: Paper Table 2: the five groups of eight attributes (indices into ATTRIBUTES; the same
+#: tuples define the CelebA5 objective in fedhv.data.benchmarks).
+GROUPS: tuple[tuple[int, ...], ...] = (
+    (0, 9, 3, 15, 22, 33, 25, 29),
+    (1, 8, 7, 10, 16, 32, 26, 34),
+    (2, 11, 12, 14, 21, 28, 35, 39),
+    (4, 6, 13, 18, 19, 20, 30, 31),
+    (5, 17, 23, 24, 27, 36, 37, 38),
+)
+#: Reference code's 'first-label' strata for CelebA: Attractive, Male, Mouth_Slightly_Open.
+FIRST_LABEL_ATTRIBUTES = (2, 20, 21)
+MEAN_RGB = (72.39239876, 82.90891754, 73.15835921)
+FULL_ROWS = 202_599
+ANNOTATION_MD5 = {
+    "list_attr_celeba.txt": "75e246fa4810816ffd6ee81facbd244c",
+    "list_eval_partition.txt": "d32c9cbf5e040fd4025c592c306e6668",
+}
+
+
+def _find_root(base: Path) -> Path:
+    for cand in (base / "celeba", base / "CelebA", base):
+        if (cand / "img_align_celeba").is_dir():
+            return cand
+    raise DataError(
+        f"CelebA not found under {base}: expected img_align_celeba/ with list_attr_celeba.txt and "
+        "list_eval_partition.txt (or the .csv variants) in celeba/ or the data root. CelebA cannot be "
+        "redistributed or downloaded automatically; obtain it from the MMLAB site and point --data-dir at it"
+    )
+
+
+def _check_md5(path: Path, rows: int) -> None:
+    if rows != FULL_ROWS:
+        warnings.warn(f"{path} has {rows} images, not the full CelebA's {FULL_ROWS}; using it as it is")
+        return
+    expected = ANNOTATION_MD5.get(path.name)
+    if expected is not None:
+        found = hashlib.md5(path.read_bytes()).hexdigest()
+        if found != expected:
+            raise DataError(f"checksum mismatch for {path}: md5 {found}, expected {expected}; replace the file")
+
+
+def read_attributes(root: Path) -> dict[str, np.ndarray]:
+    """``{file name: int8 [40] in {0, 1}}`` from the txt or csv attribute list."""
+    txt, csv_path = root / "list_attr_celeba.txt", root / "list_attr_celeba.csv"
+    out: dict[str, np.ndarray] = {}
+    if txt.is_file():
+        lines = txt.read_text().splitlines()
+        header = lines[1].split()
+        rows = [ln.split() for ln in lines[2:] if ln.strip()]
+        _check_md5(txt, len(rows))
+    elif csv_path.is_file():
+        with open(csv_path, newline="") as fh:
+            table = list(csv.reader(fh))
+        header, rows = table[0][1:], table[1:]
+    else:
+        raise DataError(f"{root}: missing list_attr_celeba.txt (or list_attr_celeba.csv)")
+    if tuple(header) != ATTRIBUTES:
+        raise DataError(f"{root}: attribute header does not list the 40 CelebA attributes in the standard order")
+    for row in rows:
+        if len(row) != 41:
+            raise DataError(f"{root}: attribute row for {row[:1]} has {len(row) - 1} values, expected 40")
+        out[row[0]] = (np.asarray(row[1:], dtype=np.int64) > 0).astype(np.int8)
+    return out
+
+
+def read_partition(root: Path) -> dict[str, int]:
+    """``{file name: 0 train | 1 val | 2 test}``."""
+    txt, csv_path = root / "list_eval_partition.txt", root / "list_eval_partition.csv"
+    if txt.is_file():
+        rows = [ln.split() for ln in txt.read_text().splitlines() if ln.strip()]
+        _check_md5(txt, len(rows))
+    elif csv_path.is_file():
+        with open(csv_path, newline="") as fh:
+            rows = list(csv.reader(fh))[1:]
+    else:
+        raise DataError(f"{root}: missing list_eval_partition.txt (or list_eval_partition.csv)")
+    return {name: int(split) for name, split in rows}
+
+
+def load_celeba(root: str | Path | None = None, size: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """CelebA splits as ``(images uint8 [n, size, size, 3], attributes int8 [n, 40])``."""
+    base = _find_root(data_root(root))
+    attrs = read_attributes(base)
+    parts = read_partition(base)
+    names = sorted(set(attrs) & set(parts))
+    if not names:
+        raise DataError(f"{base}: no image appears in both the attribute and the partition lists")
+    out = {}
+    for split, code in (("train", 0), ("val", 1), ("test", 2)):
+        chosen = [n for n in names if parts[n] == code]
+        images = np.empty((len(chosen), size, size, 3), dtype=np.uint8)
+        for i, name in enumerate(chosen):
+            path = base / "img_align_celeba" / name
+            try:
+                with Image.open(path) as img:
+                    images[i] = np.asarray(img.convert("RGB").resize((size, size), Image.BILINEAR))
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{path}: cannot read image ({exc})") from None
+        labels = np.stack([attrs[n] for n in chosen]) if chosen else np.zeros((0, 40), np.int8)
+        out[split] = (images, labels)
+    return out
+
+
+def fingerprint(root: str | Path | None = None) -> str:
+    """Cache key of a CelebA folder: annotation contents plus image names and sizes."""
+    base = _find_root(data_root(root))
+    h = hashlib.sha256()
+    for name in ("list_attr_celeba.txt", "list_attr_celeba.csv", "list_eval_partition.txt", "list_eval_partition.csv"):
+        if (base / name).is_file():
+            h.update((base / name).read_bytes())
+    for entry in sorted((e.name, e.stat().st_size) for e in (base / "img_align_celeba").iterdir()):
+        h.update(f"{entry[0]}:{entry[1]};".encode())
+    return h.hexdigest()

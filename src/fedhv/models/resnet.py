@@ -1,0 +1,77 @@
+"""ResNet-18 with GroupNorm for CelebA5 (paper B.3; reference notes §2.3).
+
+CIFAR-style stem (3x3 conv 3->64, stride 1, no bias, GroupNorm(2), ReLU, no max-pool);
+BasicBlock stages [2, 2, 2, 2] with widths 64/128/256/512 and strides 1/2/2/2, every
+normalisation GroupNorm with 2 groups, 1x1 conv + GroupNorm shortcuts when the shape
+changes; then ``avg_pool2d(kernel 3)`` of the final 512x4x4 map, which (stride 3)
+averages only its top-left 3x3 window, as in the reference code; 11,168,832 encoder
+parameters. Head per task: linear 512 -> 8, sigmoid. The model has no dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedhv.models.base import MultiTaskModel
+
+GROUPS = 2
+
+
+class BasicBlock(nn.Module):
+    """conv3x3-GN-ReLU-conv3x3-GN plus shortcut, then ReLU."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.gn1 = nn.GroupNorm(GROUPS, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.gn2 = nn.GroupNorm(GROUPS, cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(GROUPS, cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.gn1(self.conv1(x)))
+        h = self.gn2(self.conv2(h))
+        return F.relu(h + self.shortcut(x))
+
+
+class SigmoidHead(nn.Module):
+    """Linear 512 -> k, sigmoid."""
+
+    def __init__(self, outputs: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(512, outputs)
+
+
+class ResNet18GN(MultiTaskModel):
+    """ResNet-18 (GroupNorm) encoder with one multi-label sigmoid head per task.
+
+    Parameters
+    ----------
+    outputs : tuple of int
+        Attributes per task (CelebA5: five groups of eight).
+    """
+
+    def __init__(self, outputs: tuple[int, ...] = (8, 8, 8, 8, 8)) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        self.gn1 = nn.GroupNorm(GROUPS, 64)
+        layers = []
+        cin = 64
+        for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers.append(nn.Sequential(BasicBlock(cin, width, stride), BasicBlock(width, width, 1)))
+            cin = width
+        self.layers = nn.Sequential(*layers)
+        self.heads = nn.ModuleList(SigmoidHead(k) for k in outputs)
+
+    def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        h = self.layers(F.relu(self.gn1(self.conv1(x))))
+        z = F.avg_pool2d(h, 3).flatten(1)
+        out = []
+        for head in self.heads:
+            assert isinstance(head, SigmoidHead)
+            out.append(torch.sigmoid(head.fc(z)))
+        return out
