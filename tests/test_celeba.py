@@ -38,7 +38,7 @@ def test_reader_layouts_order_and_resize(tmp_path: Path, csv: bool) -> None:
     assert train_x.shape == (len(train_idx), 32, 32, 3) and np.array_equal(train_y, attrs[train_idx])
     assert len(data["val"][0]) == int(np.sum(splits == 1)) and len(data["test"][0]) == int(np.sum(splits == 2))
     with Image.open(tmp_path / "img_align_celeba" / f"{train_idx[0] + 1:06d}.jpg") as img:
-        expected = np.asarray(img.convert("RGB").resize((32, 32), Image.BILINEAR))
+        expected = np.asarray(img.convert("RGB").resize((32, 32), Image.Resampling.BILINEAR))
     assert np.array_equal(train_x[0], expected)
 
 

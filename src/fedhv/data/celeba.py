@@ -131,7 +131,7 @@ def load_celeba(root: str | Path | None = None, size: int = 32) -> dict[str, tup
             path = base / "img_align_celeba" / name
             try:
                 with Image.open(path) as img:
-                    images[i] = np.asarray(img.convert("RGB").resize((size, size), Image.BILINEAR))
+                    images[i] = np.asarray(img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR))
             except (OSError, ValueError) as exc:
                 raise DataError(f"{path}: cannot read image ({exc})") from None
         labels = np.stack([attrs[n] for n in chosen]) if chosen else np.zeros((0, 40), np.int8)
