@@ -177,13 +177,18 @@ class CalibrationConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A complete run."""
+    """A complete run.
+
+    ``engine_chunk`` bounds how many client model copies the batched engine trains at
+    once (0 = all; lower it to cap memory, e.g. for CelebA5's ResNet-18).
+    """
 
     setting: str = "custom"
     method: str = "fedhv"
     seed: int = 0
     rounds: int = 200
     engine: str = "batched"
+    engine_chunk: int = 0
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0
@@ -239,6 +244,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")
     if cfg.seed < 0:
         raise ConfigError(f"seed = {cfg.seed} must be >= 0")
+    if cfg.engine_chunk < 0:
+        raise ConfigError(f"engine_chunk = {cfg.engine_chunk} must be >= 0 (0 = all model copies at once)")
     if cfg.threads < 0:
         raise ConfigError(f"threads = {cfg.threads} must be >= 0 (0 = torch default)")
     if not 0.0 <= cfg.data.val_fraction < 1.0:

@@ -65,8 +65,12 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
 
 def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed: int, stream: str) -> Engine:
     """The configured engine over ``model`` (a working copy it may overwrite)."""
-    cls = BatchedEngine if cfg.engine == "batched" else SequentialEngine
-    return cls(
+    if cfg.engine == "batched":
+        return BatchedEngine(
+            model, data, local_steps=cfg.train.local_steps, batch_size=cfg.train.batch_size, lr_local=cfg.lr_local,
+            momentum=cfg.train.momentum, seed=seed, stream=stream, chunk=cfg.engine_chunk,
+        )
+    return SequentialEngine(
         model,
         data,
         local_steps=cfg.train.local_steps,
