@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one method on one setting")
     _common(run)
-    run.add_argument("--method", help="fedhv (default) or uniform")
+    run.add_argument("--method", help="fedhv (default), uniform, fsmgda or fedcmoo")
     run.add_argument("--seed", type=int, help="training seed (default 0)")
     run.add_argument("--rounds", type=int, help="number of adaptive rounds")
     run.add_argument("--engine", choices=["batched", "sequential"], help="client execution engine")
