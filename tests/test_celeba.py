@@ -95,3 +95,14 @@ def test_celeba5_runs_end_to_end(celeba_root: Path, tmp_path: Path, setting: str
     assert set(cal["reports"]) == {"0", "42"} and cal["margin"] == 0.30
     assert len(summary["reference"]) == 5
     np.testing.assert_allclose(summary["reference"], np.max([r for rows in cal["reports"].values() for r in rows], 0) + 0.3)
+
+
+@pytest.mark.filterwarnings("ignore:.*not the full CelebA")
+@pytest.mark.filterwarnings("ignore:the partition recycled")
+def test_partition_stats_for_celeba(celeba_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedhv.stats import print_partition_stats
+
+    print_partition_stats(load_config("celeba5-b", [*TINY, f"data.root='{celeba_root}'"]))
+    out = capsys.readouterr().out
+    assert "first-label strata" in out and "strata sizes:" in out and "positive-attribute rate" in out
+    assert len([ln for ln in out.splitlines() if ln.strip()[:1].isdigit() and "." in ln]) == 4
