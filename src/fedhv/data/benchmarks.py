@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedhv.data.augment import Augment
-from fedhv.objectives import Classification, MultiLabel, Objective
 from fedhv.data.cache import cache_key, cached_arrays
 from fedhv.data.idx import FASHION_MNIST, MNIST, load_fashion_mnist, load_mnist
+from fedhv.objectives import Classification, MultiLabel, Objective
 from fedhv.rng import numpy_rng
 
 #: MNIST normalisation constants, used for both benchmarks as the reference does.

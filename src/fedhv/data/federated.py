@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from fedhv.data.augment import Augment
-from fedhv.objectives import Classification, Objective
 from fedhv.data.benchmarks import Benchmark
+from fedhv.objectives import Classification, Objective
 
 
 def to_tensor_images(

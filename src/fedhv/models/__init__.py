@@ -5,10 +5,10 @@ from __future__ import annotations
 from fedhv.models.base import MultiTaskModel
 from fedhv.models.cifar_cnn import CifarCNN
 from fedhv.models.lenet import LeNetMTL
-from fedhv.models.resnet import ResNet18GN
 from fedhv.models.params import ParamLayout, default_init, get_flat, set_flat
+from fedhv.models.resnet import ResNet18GN
 
-__all__ = ["CifarCNN", "LeNetMTL", "ResNet18GN", "MultiTaskModel", "ParamLayout", "build_model", "default_init", "get_flat", "set_flat"]
+__all__ = ["CifarCNN", "LeNetMTL", "MultiTaskModel", "ParamLayout", "ResNet18GN", "build_model", "default_init", "get_flat", "set_flat"]
 
 
 def build_model(benchmark: str, num_classes: tuple[int, ...]) -> MultiTaskModel:

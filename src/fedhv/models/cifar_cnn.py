@@ -14,11 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhv.models.base import MultiTaskModel
+from fedhv.models.functional import bmm_linear, masked_dropout
 from fedhv.models.lenet import max_pool2
-
-
-def _drop(h: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
-    return h if mask is None else h * mask.to(h.dtype) * (1.0 / (1.0 - p))
 
 
 class CifarHead(nn.Module):
@@ -48,8 +45,8 @@ class CifarCNN(MultiTaskModel):
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         h = max_pool2(F.relu(self.conv1(x)))
         h = max_pool2(F.relu(self.conv2(h)))
-        h = _drop(F.relu(self.fc1(h.flatten(1))), None if masks is None else masks["fc1"], self.dropout)
-        z = _drop(F.relu(self.fc2(h)), None if masks is None else masks["fc2"], self.dropout)
+        h = masked_dropout(F.relu(self.fc1(h.flatten(1))), None if masks is None else masks["fc1"], self.dropout)
+        z = masked_dropout(F.relu(self.fc2(h)), None if masks is None else masks["fc2"], self.dropout)
         out = []
         for head in self.heads:
             assert isinstance(head, CifarHead)
@@ -61,10 +58,6 @@ class CifarCNN(MultiTaskModel):
     ) -> list[torch.Tensor]:
         """``n`` stacked parameter sets at once; see :func:`cifar_batched_forward`."""
         return cifar_batched_forward(self, params, x, masks)
-
-
-def _bmm_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
 
 
 def cifar_batched_forward(
@@ -88,14 +81,14 @@ def cifar_batched_forward(
     h = F.conv2d(h, w2.reshape(-1, *w2.shape[2:]), b2.reshape(-1), padding=1, groups=n)
     h = max_pool2(F.relu(h))
     h = h.reshape(b, n, -1).transpose(0, 1)  # [n, B, 4096] in (channel, row, col) order
-    h = _drop(F.relu(_bmm_linear(h, params["fc1.weight"], params["fc1.bias"])),
+    h = masked_dropout(F.relu(bmm_linear(h, params["fc1.weight"], params["fc1.bias"])),
               None if masks is None else masks["fc1"], model.dropout)
-    z = _drop(F.relu(_bmm_linear(h, params["fc2.weight"], params["fc2.bias"])),
+    z = masked_dropout(F.relu(bmm_linear(h, params["fc2.weight"], params["fc2.bias"])),
               None if masks is None else masks["fc2"], model.dropout)
     out = []
     for i in range(len(model.heads)):
         p = f"heads.{i}."
-        hh = _bmm_linear(z, params[p + "fc1.weight"], params[p + "fc1.bias"])
-        out.append(F.log_softmax(_bmm_linear(hh, params[p + "fc2.weight"], params[p + "fc2.bias"]), dim=-1))
+        hh = bmm_linear(z, params[p + "fc1.weight"], params[p + "fc1.bias"])
+        out.append(F.log_softmax(bmm_linear(hh, params[p + "fc2.weight"], params[p + "fc2.bias"]), dim=-1))
     return out
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhv.models.base import MultiTaskModel
+from fedhv.models.functional import bmm_linear, masked_dropout
 
 DROPOUT_P = 0.5
 FEATURES = 50
@@ -42,12 +43,6 @@ def max_pool2(h: torch.Tensor) -> torch.Tensor:
         torch.maximum(h[..., 0::2, 0::2], h[..., 0::2, 1::2]),
         torch.maximum(h[..., 1::2, 0::2], h[..., 1::2, 1::2]),
     )
-
-
-def _dropout(h: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
-    if mask is None:
-        return h
-    return h * mask.to(h.dtype) * (1.0 / (1.0 - p))
 
 
 class Head(nn.Module):
@@ -86,7 +81,7 @@ class LeNetMTL(MultiTaskModel):
         h = F.relu(max_pool2(self.conv1(x)))
         h = F.relu(max_pool2(self.conv2(h)))
         h = F.relu(self.fc(h.flatten(1)))
-        return _dropout(h, None if masks is None else masks["encoder"], self.dropout)
+        return masked_dropout(h, None if masks is None else masks["encoder"], self.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Per-task log-probabilities ``[B, C_i]`` for images ``x`` ``[B, 1, 28, 28]``."""
@@ -95,7 +90,7 @@ class LeNetMTL(MultiTaskModel):
         for i, head in enumerate(self.heads):
             assert isinstance(head, Head)
             h = F.relu(head.fc1(z))
-            h = _dropout(h, None if masks is None else masks[f"head{i}"], self.dropout)
+            h = masked_dropout(h, None if masks is None else masks[f"head{i}"], self.dropout)
             out.append(F.log_softmax(head.fc2(h), dim=-1))
         return out
 
@@ -104,11 +99,6 @@ class LeNetMTL(MultiTaskModel):
     ) -> list[torch.Tensor]:
         """Evaluate ``C`` stacked parameter sets at once; see :func:`batched_forward`."""
         return batched_forward(self, params, x, masks)
-
-
-def _bmm_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``h [C, B, in] @ w[C, out, in]^T + b[C, out]`` -> ``[C, B, out]``."""
-    return torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
 
 
 def batched_forward(
@@ -145,13 +135,13 @@ def batched_forward(
     h = F.relu(max_pool2(h))
     # [B, C*15, 6, 6] -> [C, B, 540] in (channel, row, col) order as nn.Flatten does.
     h = h.reshape(b, c, -1).transpose(0, 1)
-    z = F.relu(_bmm_linear(h, params["fc.weight"], params["fc.bias"]))
-    z = _dropout(z, None if masks is None else masks["encoder"], model.dropout)
+    z = F.relu(bmm_linear(h, params["fc.weight"], params["fc.bias"]))
+    z = masked_dropout(z, None if masks is None else masks["encoder"], model.dropout)
     out = []
     for i in range(len(model.heads)):
         p = f"heads.{i}."
-        h = F.relu(_bmm_linear(z, params[p + "fc1.weight"], params[p + "fc1.bias"]))
-        h = _dropout(h, None if masks is None else masks[f"head{i}"], model.dropout)
-        out.append(F.log_softmax(_bmm_linear(h, params[p + "fc2.weight"], params[p + "fc2.bias"]), dim=-1))
+        h = F.relu(bmm_linear(z, params[p + "fc1.weight"], params[p + "fc1.bias"]))
+        h = masked_dropout(h, None if masks is None else masks[f"head{i}"], model.dropout)
+        out.append(F.log_softmax(bmm_linear(h, params[p + "fc2.weight"], params[p + "fc2.bias"]), dim=-1))
     return out
 
