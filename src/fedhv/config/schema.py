@@ -49,7 +49,7 @@ class DataConfig:
         Probability of flipping a whole training batch (``None`` = the benchmark's:
         0, or 0.4 for CIFAR10-MNIST).
     max_test_samples : int
-        Evaluate on the first ``n`` test samples only (0 = all); for quick tests.
+        Evaluate on a fixed random subset of ``n`` test samples (0 = all); for quick tests.
     """
 
     benchmark: str = "multimnist"

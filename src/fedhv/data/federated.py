@@ -10,6 +10,7 @@ import torch
 from fedhv.data.augment import Augment
 from fedhv.data.benchmarks import Benchmark
 from fedhv.objectives import Classification, Objective
+from fedhv.rng import numpy_rng
 
 
 def to_tensor_images(
@@ -76,8 +77,10 @@ class FederatedData:
             return torch.from_numpy(np.ascontiguousarray(y)).to(device)
 
         test_x, test_y = bench.test_x, bench.test_y
-        if max_test_samples:
-            test_x, test_y = test_x[:max_test_samples], test_y[:max_test_samples]
+        if max_test_samples and max_test_samples < len(test_x):
+            # A seeded random subset: some sources (image folders) are sorted by class.
+            keep = np.sort(numpy_rng(0, "test-subset").permutation(len(test_x))[:max_test_samples])
+            test_x, test_y = test_x[keep], test_y[keep]
         return cls(
             task_names=bench.task_names,
             num_classes=bench.num_classes,
