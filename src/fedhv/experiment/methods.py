@@ -104,16 +104,13 @@ def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
 
 
 def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
-    f = cfg.fsmgda
-    return MethodSetup(FSMGDA(_slices(cfg, data), cfg.lr_global, f.reference_clip, f.scale_decoders,
-                              f.count_decoders, f.max_iter, f.tol))
+    # FSMGDAConfig's fields are FSMGDA's keyword options, name for name.
+    return MethodSetup(FSMGDA(_slices(cfg, data), cfg.lr_global, **dataclasses.asdict(cfg.fsmgda)))
 
 
 def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
-    g = cfg.fedcmoo
-    return MethodSetup(FedCMOO(_slices(cfg, data), cfg.lr_global, cfg.seed, g.estimator, g.extra_upload,
-                               g.oversample, g.power_iterations, g.weight_lr, g.weight_steps, g.weight_momentum,
-                               g.symmetrize))
+    # FedCMOOConfig's fields are FedCMOO's keyword options, name for name.
+    return MethodSetup(FedCMOO(_slices(cfg, data), cfg.lr_global, seed=cfg.seed, **dataclasses.asdict(cfg.fedcmoo)))
 
 
 METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {
