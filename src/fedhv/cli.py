@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from collections.abc import Sequence
@@ -10,8 +11,12 @@ from collections.abc import Sequence
 from fedhv.errors import FedHVError
 
 
+class UsageError(FedHVError):
+    """Wrong command-line usage."""
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("setting", help="preset name (see `fedhv presets`) or a TOML file")
+    p.add_argument("setting", nargs="?", help="preset name (see `fedhv presets`) or a TOML file")
     p.add_argument("--data-dir", help="data root (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set train.local_steps=5 (repeatable)")
@@ -20,8 +25,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedhv", description="Task-wise federated multi-objective optimization.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train one method on one setting")
+    run = sub.add_parser("run", help="train one method on one setting, or resume a run")
     _common(run)
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue the interrupted run in RUN_DIR from its last checkpoint (give no SETTING)")
     run.add_argument("--method", help="fedhv (default), uniform, fsmgda or fedcmoo")
     run.add_argument("--seed", type=int, help="training seed (default 0)")
     run.add_argument("--rounds", type=int, help="number of adaptive rounds")
@@ -57,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"  # type: ignore[assignment]
+    _setup_logging()
     try:
         return _dispatch(args)
     except FedHVError as exc:
@@ -67,6 +75,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+class _TqdmHandler(logging.Handler):
+    """Log records as ``warning: ...`` lines that do not break progress bars."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+
+def _setup_logging() -> None:
+    logger = logging.getLogger("fedhv")
+    if not any(isinstance(h, _TqdmHandler) for h in logger.handlers):
+        logger.addHandler(_TqdmHandler())
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from fedhv.config import load_config, preset_names
 
@@ -74,6 +99,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         for name in preset_names():
             print(name)
         return 0
+    if args.command == "run" and args.resume:
+        return _resume(args)
+    if not args.setting:
+        raise UsageError(f"fedhv {args.command}: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
     cfg = load_config(args.setting, _overrides(args))
     if args.command == "show-config":
         from fedhv.config import dumps, to_dict
@@ -90,13 +119,33 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     tune_allocator()
     summary = run_experiment(cfg, args.out, progress=not args.quiet)
+    _print_summary(summary)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    extra = [flag for flag, value in (("SETTING", args.setting), ("--set", args.overrides), ("--data-dir", args.data_dir),
+                                      ("--method", args.method), ("--seed", args.seed), ("--rounds", args.rounds),
+                                      ("--engine", args.engine), ("--out", args.out)) if value]
+    if extra:
+        raise UsageError(
+            f"--resume continues a run with the configuration in its config.toml; drop {', '.join(extra)}"
+        )
+    from fedhv._malloc import tune_allocator
+    from fedhv.experiment import resume_experiment
+
+    tune_allocator()
+    _print_summary(resume_experiment(args.resume, progress=not args.quiet))
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
     acc = summary["task_acc"] or []
     print(
         f"{summary['method']} seed {summary['seed']}: MeanAcc {summary['mean_acc']:.2f}  "
         f"WorstAcc {summary['worst_acc']:.2f}  MeanLoss {summary['mean_loss']:.4f}  HV {summary['hv']:.3f}  "
         f"task acc {', '.join(f'{a:.2f}' for a in acc)}  ({summary['wall_clock_s']:.1f} s)"
     )
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -176,6 +176,45 @@ class CalibrationConfig:
 
 
 @dataclass(frozen=True)
+class FaultsConfig:
+    """Simulated client faults (for robustness testing; all zero = no faults).
+
+    Attributes
+    ----------
+    client_dropout : float
+        Probability that a sampled client does not answer in a round (decided once per
+        round and client, so a multi-stage method loses it from its first stage on).
+    corrupt_reports : float
+        Probability that a client's objective report is replaced by garbage (NaN, inf,
+        a negative value or the wrong length) in a stage that asks for one.
+    corrupt_updates : float
+        Probability that a client's uploaded update or gradients are replaced by
+        garbage (non-finite values or the wrong shape).
+    """
+
+    client_dropout: float = 0.0
+    corrupt_reports: float = 0.0
+    corrupt_updates: float = 0.0
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints for exact resume (``fedhv run --resume RUN_DIR``).
+
+    Attributes
+    ----------
+    enabled : bool
+        Write ``checkpoint.pt`` into the run directory.
+    period : int
+        ``0``: after every test evaluation (and the last round); ``n > 0``: also after
+        every ``n``-th round.
+    """
+
+    enabled: bool = True
+    period: int = 0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A complete run.
 
@@ -201,6 +240,8 @@ class RunConfig:
     fsmgda: FSMGDAConfig = field(default_factory=FSMGDAConfig)
     fedcmoo: FedCMOOConfig = field(default_factory=FedCMOOConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     @property
     def lr_global(self) -> float:
@@ -337,3 +378,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"data.flip_prob = {d.flip_prob} must be in [0, 1]")
     if not c.seeds:
         raise ConfigError("calibration.seeds is empty; give at least one seed, e.g. [0]")
+    for name in ("client_dropout", "corrupt_reports", "corrupt_updates"):
+        value = getattr(cfg.faults, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"faults.{name} = {value} must be a probability in [0, 1) (0 = no faults)")
+    if cfg.checkpoint.period < 0:
+        raise ConfigError(
+            f"checkpoint.period = {cfg.checkpoint.period} must be >= 0 (0 = at every test evaluation); "
+            "to turn checkpoints off use checkpoint.enabled = false"
+        )

@@ -56,6 +56,11 @@ def dirichlet_partition(
             f"partition.samples_per_client = {samples_per_client} exceeds the {n} training samples; "
             "lower it"
         )
+    if clients > n:
+        raise ConfigError(
+            f"partition.clients = {clients} exceeds the {n} training samples; every client needs its own "
+            "samples, so lower partition.clients"
+        )
     rng = numpy_rng(seed, "dirichlet-partition")
     keys = np.unique(strata)
     pools: list[list[int]] = []

@@ -1,5 +1,5 @@
 """Composition root: configuration -> data, model, algorithm, engine -> run directory."""
 
-from fedhv.experiment.runner import run_experiment
+from fedhv.experiment.runner import resume_experiment, run_experiment
 
-__all__ = ["run_experiment"]
+__all__ = ["resume_experiment", "run_experiment"]

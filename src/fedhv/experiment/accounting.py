@@ -12,8 +12,9 @@ from fedhv.experiment.loop import RoundRecord
 class RunTotals:
     """Running totals over the adaptive rounds.
 
-    Bytes are totals over all participating clients; ``*_per_client_round`` values in
-    the summary are the last round's per-client payloads.
+    Bytes are totals over all participating clients (downlink: every sampled client;
+    uplink: the clients that answered); ``*_per_client_round`` values in the summary
+    are the last round's per-client payloads.
     """
 
     rounds: int = 0
@@ -24,6 +25,9 @@ class RunTotals:
     bytes_up: int = 0
     min_report_slack: float | None = None
     floor_activations: int = 0
+    dropped_clients: int = 0
+    rejected_clients: int = 0
+    skipped_rounds: int = 0
     last: dict[str, Any] = field(default_factory=dict)
 
     def add_round(self, rec: RoundRecord) -> None:
@@ -31,7 +35,10 @@ class RunTotals:
         self.time_client_s += rec.time_client_s
         self.time_server_s += rec.time_server_s
         self.bytes_down += rec.bytes_down * len(rec.clients)
-        self.bytes_up += rec.bytes_up * len(rec.clients)
+        self.bytes_up += rec.bytes_up * rec.answered
+        self.dropped_clients += len(rec.dropped)
+        self.rejected_clients += len(rec.rejected)
+        self.skipped_rounds += int(rec.skipped)
         if "min_slack" in rec.log:
             ms = rec.log["min_slack"]
             self.min_report_slack = ms if self.min_report_slack is None else min(self.min_report_slack, ms)
@@ -49,4 +56,7 @@ class RunTotals:
             "time_client_s": self.time_client_s,
             "time_server_s": self.time_server_s,
             "time_eval_s": self.time_eval_s,
+            "dropped_clients": self.dropped_clients,
+            "rejected_clients": self.rejected_clients,
+            "skipped_rounds": self.skipped_rounds,
         }

@@ -61,6 +61,11 @@ class CalibrationResult:
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationResult:
+        """Inverse of :meth:`as_dict` (e.g. a run directory's ``calibration.json``)."""
+        return cls(**data)
+
 
 def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> CalibrationResult:
     """Run the uniform-weight calibration and derive the reference.

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fedhv.algorithms.base import Algorithm
+from fedhv.algorithms.validation import NoValidReplies
 from fedhv.data.federated import FederatedData
 from fedhv.experiment.setup import sample_clients
 from fedhv.sim.engine import Engine
+from fedhv.sim.faults import FaultInjector
 from fedhv.sim.federation import SimFederation
+
+log = logging.getLogger("fedhv")
 
 
 @dataclass
@@ -28,8 +33,23 @@ class RoundRecord:
     bytes_down: int
     bytes_up: int
     sync_stages: int
+    dropped: list[int] = field(default_factory=list)
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    skipped: bool = False
+
+    @property
+    def answered(self) -> int:
+        """Sampled clients that answered (valid or not)."""
+        return len(self.clients) - len(self.dropped)
 
     def as_dict(self) -> dict[str, Any]:
+        faults: dict[str, Any] = {}
+        if self.dropped or self.rejected or self.skipped:
+            faults = {
+                "dropped": self.dropped,
+                "rejected": [{"client": c, "reason": r} for c, r in self.rejected],
+                "skipped": self.skipped,
+            }
         return {
             "round": self.round,
             "clients": self.clients,
@@ -39,6 +59,9 @@ class RoundRecord:
             "bytes_down_per_client": self.bytes_down,
             "bytes_up_per_client": self.bytes_up,
             "sync_stages": self.sync_stages,
+            "dropped_clients": len(self.dropped),
+            "rejected_clients": len(self.rejected),
+            **faults,
         }
 
 
@@ -54,6 +77,7 @@ def run_rounds(
     on_round: Callable[[RoundRecord, torch.Tensor, Any], None] | None = None,
     start_round: int = 0,
     state: Any = None,
+    faults: FaultInjector | None = None,
 ) -> tuple[torch.Tensor, Any]:
     """Run ``rounds`` federated rounds from ``theta``.
 
@@ -61,6 +85,11 @@ def run_rounds(
     ----------
     on_round : callable, optional
         Called after every round with the record, the new model and state.
+    start_round, state : int, optional
+        Resume point: rounds already done and the algorithm state after them.
+    faults : FaultInjector, optional
+        Simulated client faults. A round in which no client returns a valid reply
+        keeps ``theta`` and the state unchanged and is recorded with ``skipped``.
 
     Returns
     -------
@@ -71,14 +100,20 @@ def run_rounds(
         state = algorithm.init_state(data.num_tasks)
     for t in range(start_round, start_round + rounds):
         clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
-        federation = SimFederation(engine, clients, t)
+        federation = SimFederation(engine, clients, t, faults)
         t0 = time.perf_counter()
-        result = algorithm.round(state, theta, federation)
+        skipped = False
+        try:
+            result = algorithm.round(state, theta, federation)
+            theta, state, round_log = result.theta, result.state, result.log
+        except NoValidReplies:
+            skipped, round_log = True, {}
+            log.warning("round %d: no valid client reply; model and task weights kept", t + 1)
         elapsed = time.perf_counter() - t0
-        theta, state = result.theta, result.state
         record = RoundRecord(
-            t + 1, clients.tolist(), result.log, federation.client_seconds, elapsed - federation.client_seconds,
-            federation.bytes_down, federation.bytes_up, federation.stages,
+            t + 1, clients.tolist(), round_log, federation.client_seconds, elapsed - federation.client_seconds,
+            federation.bytes_down, federation.bytes_up, federation.stages, list(federation.dropped),
+            list(federation.rejected), skipped,
         )
         if on_round is not None:
             on_round(record, theta, state)

@@ -45,11 +45,23 @@ def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray
     return losses.double().mean(0).cpu().numpy()
 
 
-def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None
-) -> tuple[np.ndarray, str, CalibrationResult | None]:
-    """FedHV's training reference ``r`` and where it came from."""
+def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+                      calibration: CalibrationResult | None = None
+                      ) -> tuple[np.ndarray, str, CalibrationResult | None]:
+    """FedHV's training reference ``r`` and where it came from.
+
+    A given ``calibration`` (a resumed run's, or one shared across a grid) is reused
+    instead of calibrating again when ``fedhv.reference = "calibrate"``.
+    """
     m = data.num_tasks
     spec = cfg.fedhv.reference
+    if spec == "calibrate" and calibration is not None:
+        if len(calibration.reference) != m:
+            raise ConfigError(
+                f"the given calibration has {len(calibration.reference)} reference values but "
+                f"{cfg.data.benchmark} has {m} tasks; calibrate again"
+            )
+        return np.asarray(calibration.reference), "calibration", calibration
     if spec == "calibrate":
         c = cfg.calibration
         cal_data = data
@@ -88,13 +100,15 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
     return ref, source, None
 
 
-def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
-    ref, source, cal = resolve_reference(cfg, data, progress)
+def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+           calibration: CalibrationResult | None = None) -> MethodSetup:
+    ref, source, cal = resolve_reference(cfg, data, progress, calibration)
     alg = FedHV(ref, cfg.lr_global, cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
     return MethodSetup(alg, ref.tolist(), source, cal)
 
 
-def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
+def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+             calibration: CalibrationResult | None = None) -> MethodSetup:
     return MethodSetup(Uniform(cfg.lr_global))
 
 
@@ -103,12 +117,14 @@ def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
     return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix)
 
 
-def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
+def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+            calibration: CalibrationResult | None = None) -> MethodSetup:
     # FSMGDAConfig's fields are FSMGDA's keyword options, name for name.
     return MethodSetup(FSMGDA(_slices(cfg, data), cfg.lr_global, **dataclasses.asdict(cfg.fsmgda)))
 
 
-def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
+def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+             calibration: CalibrationResult | None = None) -> MethodSetup:
     # FedCMOOConfig's fields are FedCMOO's keyword options, name for name.
     return MethodSetup(FedCMOO(_slices(cfg, data), cfg.lr_global, seed=cfg.seed, **dataclasses.asdict(cfg.fedcmoo)))
 
@@ -121,6 +137,7 @@ METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {
 }
 
 
-def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> MethodSetup:
-    """Build the configured method's algorithm (running calibration if needed)."""
-    return METHOD_BUILDERS[cfg.method](cfg, data, progress)
+def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+                 calibration: CalibrationResult | None = None) -> MethodSetup:
+    """Build the configured method's algorithm (running calibration if needed and not given)."""
+    return METHOD_BUILDERS[cfg.method](cfg, data, progress, calibration)

@@ -3,6 +3,7 @@ and accounts bytes, stages and client time."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -10,7 +11,11 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.base import Replies, Request
+from fedhv.algorithms.validation import NoValidReplies, ReplySpec, reply_problem, split_replies, stack_replies
 from fedhv.sim.engine import Engine
+from fedhv.sim.faults import FaultInjector, dropped_mask, no_faults
+
+log = logging.getLogger("fedhv")
 
 
 def nbytes(value: Any) -> int:
@@ -23,6 +28,13 @@ def nbytes(value: Any) -> int:
 class SimFederation:
     """One round's sampled clients, served by an engine.
 
+    Clients that drop out (``faults.client_dropout``) do not answer from the round's
+    first stage on; every reply is validated (:mod:`fedhv.algorithms.validation`) and a
+    client with an invalid reply is excluded from the rest of the round. ``clients``
+    is always the set still taking part, in the order of the last replies, so
+    client-held tensors (``first_step``) line up with it. A stage in which no client
+    is left raises :class:`NoValidReplies`.
+
     Attributes
     ----------
     bytes_down, bytes_up : int
@@ -31,16 +43,28 @@ class SimFederation:
         Synchronization stages run so far.
     client_seconds : float
         Wall-clock time spent in client computation.
+    dropped : list of int
+        Clients that did not answer.
+    rejected : list of (int, str)
+        Clients whose reply was rejected, with the reason.
     """
 
-    def __init__(self, engine: Engine, clients: np.ndarray, round_idx: int) -> None:
+    def __init__(self, engine: Engine, clients: np.ndarray, round_idx: int, faults: FaultInjector | None = None
+                 ) -> None:
         self.engine = engine
-        self._clients = np.asarray(clients)
         self.round_idx = round_idx
+        self.faults = faults or no_faults()
+        sampled = np.asarray(clients)
+        mask = dropped_mask(self.faults, round_idx, sampled)
+        self.dropped: list[int] = sampled[mask].tolist()
+        self.rejected: list[tuple[int, str]] = []
+        self._clients = sampled[~mask]
         self.bytes_down = 0
         self.bytes_up = 0
         self.stages = 0
         self.client_seconds = 0.0
+        for c in self.dropped:
+            log.info("round %d: client %d did not answer (dropped out)", round_idx + 1, c)
 
     @property
     def clients(self) -> np.ndarray:
@@ -58,7 +82,9 @@ class SimFederation:
         self.bytes_up += int(up_bytes)
 
     def exchange(self, theta: torch.Tensor, request: Request) -> Replies:
-        """Run one stage for all sampled clients and count what crosses the network."""
+        """Run one stage for the remaining clients, validate and count what crosses the network."""
+        if len(self._clients) == 0:
+            raise NoValidReplies(self.dropped, self.rejected)
         start = time.perf_counter()
         e, clients, t = self.engine, self._clients, self.round_idx
         replies = Replies(clients=clients)
@@ -77,4 +103,35 @@ class SimFederation:
             value = getattr(replies, name)
             if value is not None:
                 self.bytes_up += nbytes(value[0])
-        return replies
+        return self._validated(replies, request, theta)
+
+    def _validated(self, replies: Replies, request: Request, theta: torch.Tensor) -> Replies:
+        spec = ReplySpec(
+            num_tasks=self.engine.data.num_tasks,
+            dim=theta.numel(),
+            report=request.report is not None,
+            gradient_rows=0 if request.gradients is None else len(request.gradients),
+            train_rows=0 if request.train is None else len(request.train),
+        )
+        per_client = split_replies(replies)
+        if self.faults.active:
+            per_client = [self.faults.corrupt(r, self.round_idx, self.stages) for r in per_client]
+        valid, changed = [], False
+        for reply in per_client:
+            problem = reply_problem(reply, spec)
+            if problem is None:
+                valid.append(reply)
+                continue
+            changed = True
+            self.rejected.append((reply.client, problem))
+            log.warning("round %d: client %d rejected: %s", self.round_idx + 1, reply.client, problem)
+        if not valid:
+            self._clients = self._clients[:0]
+            raise NoValidReplies(self.dropped, self.rejected)
+        if not changed:
+            return replies
+        out = stack_replies(valid, spec, theta)
+        if replies.reports is not None and out.reports is not None:
+            out.reports = out.reports.to(replies.reports.dtype)
+        self._clients = out.clients
+        return out

@@ -1,0 +1,154 @@
+"""Validation of client replies before aggregation.
+
+A server must not let one faulty client poison the global model or the task weights.
+Every reply is checked against what the stage asked for; a client whose reply fails
+any check is rejected *as a whole* for the round's remaining stages (its update and
+its report are both discarded) and the reason is logged and counted.
+
+Checks, for a stage of a run with ``m`` tasks and ``d`` parameters that asked for
+``T`` gradient / trajectory rows:
+
+- report (when asked for): a 1-D vector of exactly ``m`` finite values ``>= 0``
+  (task losses are non-negative: NLL, BCE);
+- gradients / deltas (when asked for): shape ``[T, d]``, all values finite.
+
+A value that cannot be read as a number array (wrong type, ragged) is rejected too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedhv.algorithms.base import Replies
+
+
+class NoValidReplies(RuntimeError):
+    """Raised by a federation when no sampled client returned a valid reply in a stage."""
+
+    def __init__(self, dropped: list[int], rejected: list[tuple[int, str]]) -> None:
+        super().__init__(f"no valid client reply ({len(dropped)} dropped, {len(rejected)} rejected)")
+        self.dropped = dropped
+        self.rejected = rejected
+
+
+@dataclass
+class ClientReply:
+    """One client's answer to one stage (``None`` = not sent)."""
+
+    client: int
+    report: Any = None
+    gradients: Any = None
+    deltas: Any = None
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    """What a stage expects from each client.
+
+    Attributes
+    ----------
+    num_tasks : int
+        ``m``.
+    dim : int
+        ``d``, the flat parameter count.
+    report : bool
+        A report was requested.
+    gradient_rows, train_rows : int
+        ``T`` rows of gradients / deltas requested (0 = none).
+    """
+
+    num_tasks: int
+    dim: int
+    report: bool = False
+    gradient_rows: int = 0
+    train_rows: int = 0
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """``value`` as a float64 array, or ``None`` when it is not numeric."""
+    try:
+        if isinstance(value, torch.Tensor):
+            arr = value.detach().to("cpu", torch.float64).numpy()
+        else:
+            arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return arr
+
+
+def _tensor_problem(name: str, value: Any, shape: tuple[int, ...]) -> str | None:
+    if value is None:
+        return f"{name} missing"
+    if isinstance(value, torch.Tensor):
+        if value.dtype.is_complex or not (value.dtype.is_floating_point or value.dtype == torch.int64):
+            return f"{name} has dtype {value.dtype}"
+        if tuple(value.shape) != shape:
+            return f"{name} has shape {tuple(value.shape)}, expected {shape}"
+        if not bool(torch.isfinite(value).all()):
+            return f"{name} has non-finite values"
+        return None
+    arr = _as_array(value)
+    if arr is None:
+        return f"{name} is not a numeric array ({type(value).__name__})"
+    if arr.shape != shape:
+        return f"{name} has shape {arr.shape}, expected {shape}"
+    if not np.isfinite(arr).all():
+        return f"{name} has non-finite values"
+    return None
+
+
+def reply_problem(reply: ClientReply, spec: ReplySpec) -> str | None:
+    """Why ``reply`` must be rejected, or ``None`` when it is valid."""
+    if spec.report:
+        if reply.report is None:
+            return "report missing"
+        arr = _as_array(reply.report)
+        if arr is None:
+            return f"report is not numeric ({type(reply.report).__name__})"
+        if arr.ndim != 1 or arr.shape[0] != spec.num_tasks:
+            return f"report has shape {arr.shape}, expected ({spec.num_tasks},)"
+        if not np.isfinite(arr).all():
+            return f"report has non-finite values {arr.tolist()}"
+        if (arr < 0).any():
+            return f"report has negative losses {arr.tolist()}"
+    if spec.gradient_rows:
+        problem = _tensor_problem("gradients", reply.gradients, (spec.gradient_rows, spec.dim))
+        if problem:
+            return problem
+    if spec.train_rows:
+        problem = _tensor_problem("update", reply.deltas, (spec.train_rows, spec.dim))
+        if problem:
+            return problem
+    return None
+
+
+def split_replies(replies: Replies) -> list[ClientReply]:
+    """Per-client views of stacked replies."""
+    out = []
+    for i, c in enumerate(replies.clients):
+        out.append(ClientReply(
+            int(c),
+            None if replies.reports is None else replies.reports[i],
+            None if replies.gradients is None else replies.gradients[i],
+            None if replies.deltas is None else replies.deltas[i],
+        ))
+    return out
+
+
+def stack_replies(valid: Sequence[ClientReply], spec: ReplySpec, like: torch.Tensor) -> Replies:
+    """Stack validated replies (in order) into :class:`Replies` of ``like``'s dtype and device."""
+
+    def stack(name: str) -> torch.Tensor:
+        return torch.stack([torch.as_tensor(getattr(r, name)).to(like) for r in valid])
+
+    return Replies(
+        clients=np.asarray([r.client for r in valid], dtype=np.int64),
+        reports=stack("report") if spec.report else None,
+        gradients=stack("gradients") if spec.gradient_rows else None,
+        deltas=stack("deltas") if spec.train_rows else None,
+    )

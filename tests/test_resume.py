@@ -1,0 +1,184 @@
+"""Checkpoints and exact resume: an interrupted run, resumed, equals an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedhv.experiment import resume_experiment, run_experiment
+from fedhv.experiment.checkpoint import ResumeError, load_checkpoint, truncate_jsonl
+from fedhv.results.rundir import read_jsonl
+
+from conftest import REPO, SMALL
+from helpers import small_config
+
+#: Fields that measure time; everything else must be identical after a resume.
+TIMING = ("wall_clock", "time_", "seconds")
+
+
+def _strip_timing(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_timing(v) for k, v in value.items() if not any(t in k for t in TIMING)}
+    if isinstance(value, list):
+        return [_strip_timing(v) for v in value]
+    return value
+
+
+def _outputs(run: Path) -> dict[str, Any]:
+    return {
+        "metrics": _strip_timing(read_jsonl(run / "metrics.jsonl")),
+        "rounds": _strip_timing(read_jsonl(run / "rounds.jsonl")),
+        "summary": _strip_timing(json.loads((run / "summary.json").read_text())),
+    }
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    out_a, out_b = _outputs(a), _outputs(b)
+    assert out_a["metrics"] == out_b["metrics"]
+    assert out_a["rounds"] == out_b["rounds"]
+    assert out_a["summary"] == out_b["summary"]
+    model_a = torch.load(a / "model.pt")["state_dict"]
+    model_b = torch.load(b / "model.pt")["state_dict"]
+    assert model_a.keys() == model_b.keys()
+    for key in model_a:
+        assert torch.equal(model_a[key], model_b[key]), key
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("engine", "method", "extra"),
+    [
+        ("batched", "fedhv", ("eval.test_period=2",)),
+        ("sequential", "fedhv", ("eval.test_period=2", "faults.client_dropout=0.3", "faults.corrupt_reports=0.2")),
+        ("batched", "fedcmoo", ("eval.test_period=2",)),
+    ],
+)
+def test_resume_equals_uninterrupted_run(engine: str, method: str, extra: tuple[str, ...], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = small_config(f"engine=\"{engine}\"", f"method=\"{method}\"", "rounds=5", *extra)
+    full = tmp_path / "full"
+    run_experiment(cfg, full, progress=False)
+
+    # Interrupt the second run inside round 4 (after the checkpoint of round 2 and the
+    # records of round 3): the records of round 3 must be dropped and re-done.
+    import fedhv.experiment.loop as loop
+
+    original = loop.SimFederation.exchange
+    calls = {"n": 0}
+
+    def failing_exchange(self, theta, request):  # type: ignore[no-untyped-def]
+        if self.round_idx == 3:
+            raise _Stop
+        calls["n"] += 1
+        return original(self, theta, request)
+
+    monkeypatch.setattr(loop.SimFederation, "exchange", failing_exchange)
+    part = tmp_path / "part"
+    with pytest.raises(_Stop):
+        run_experiment(cfg, part, progress=False)
+    monkeypatch.setattr(loop.SimFederation, "exchange", original)
+    ckpt = load_checkpoint(part)
+    assert ckpt is not None and ckpt.round == 3  # the interrupted run saved its last finished round
+    assert not (part / "summary.json").exists()
+    # What a kill during writing leaves: a record of a round after the checkpoint and a torn line.
+    with open(part / "rounds.jsonl", "ab") as fh:
+        fh.write(b'{"round": 4, "clients": [0]}\n')
+    with open(part / "metrics.jsonl", "ab") as fh:
+        fh.write(b'{"round": 4, "mean_a')
+    resume_experiment(part, progress=False)
+    _assert_same_run(full, part)
+
+
+def test_truncate_jsonl_reports_torn_lines_and_later_records(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a": 3}\n{"a": ')
+    repair = truncate_jsonl(path, len(b'{"a": 1}\n'))
+    assert repair.records_dropped == 2 and repair.torn_line
+    assert path.read_bytes() == b'{"a": 1}\n'
+    assert "torn" in repair.describe("m.jsonl")
+    with pytest.raises(ResumeError, match="expects at least"):
+        truncate_jsonl(path, 100)
+    with pytest.raises(ResumeError, match="line end"):
+        truncate_jsonl(path, 3)
+
+
+def test_resume_rejects_changed_config_and_non_run_dirs(tmp_path: Path) -> None:
+    with pytest.raises(ResumeError, match="not a fedhv run directory"):
+        resume_experiment(tmp_path, progress=False)
+    cfg = small_config("method=\"uniform\"", "rounds=2")
+    run = tmp_path / "run"
+    run_experiment(cfg, run, progress=False)
+    (run / "summary.json").unlink()
+    text = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(text.replace("rounds = 2", "rounds = 3"))
+    with pytest.raises(ResumeError, match="changed after the checkpoint"):
+        resume_experiment(run, progress=False)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedhv.cli", *args]
+
+
+def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    """A real ``fedhv run`` process killed with SIGKILL mid-run, then ``fedhv run --resume``."""
+    sets = [a for o in [*SMALL, "eval.test_period=2", "partition.samples_per_client=96"] for a in ("--set", o)]
+    common = ["run", "multimnist", "--method", "fedhv", "--rounds", "12", "--quiet", *sets]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    full = tmp_path / "full"
+    subprocess.run(_cli(*common, "--out", str(full)), check=True, env=env, capture_output=True, timeout=300)
+
+    part = tmp_path / "part"
+    proc = subprocess.Popen(_cli(*common, "--out", str(part)), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # wait for a checkpoint plus a round written after it
+            ckpt_round = _checkpoint_round(part)
+            if ckpt_round and len(read_jsonl(part / "rounds.jsonl")) > ckpt_round:
+                break
+            if proc.poll() is not None:
+                pytest.fail("the run finished before it could be killed; make it longer")
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (part / "summary.json").exists()
+    killed_at = len(read_jsonl(part / "rounds.jsonl"))
+    assert 0 < killed_at < 12
+    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "resuming" in done.stderr
+    _assert_same_run(full, part)
+
+
+def _checkpoint_round(run: Path) -> int:
+    if not (run / "checkpoint.pt").exists():
+        return 0
+    try:
+        ckpt = load_checkpoint(run)
+    except ResumeError:
+        return 0
+    return 0 if ckpt is None else ckpt.round
+
+
+def test_resume_cli_rejects_extra_arguments(tmp_path: Path) -> None:
+    from fedhv.cli import main
+
+    assert main(["run", "multimnist", "--resume", str(tmp_path)]) == 2
+    assert main(["run", "--resume", str(tmp_path)]) == 2
