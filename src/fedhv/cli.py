@@ -41,6 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     _common(show)
     show.add_argument("--method", help="method whose learning rates to resolve")
     sub.add_parser("presets", help="list the bundled settings")
+    grid = sub.add_parser("grid", help="run every setting x method x seed (resumable, parallel)")
+    grid.add_argument("settings", nargs="+", metavar="SETTING", help="preset names or TOML files")
+    grid.add_argument("--methods", default="uniform,fsmgda,fedcmoo,fedhv", help="comma-separated (default: all four)")
+    grid.add_argument("--seeds", default="0,42,2026", help="comma-separated training seeds (default: the paper's)")
+    grid.add_argument("--out", default="runs/grid", help="grid directory (default runs/grid)")
+    grid.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    grid.add_argument("--threads", type=int, help="torch threads per worker (default: cores / workers)")
+    grid.add_argument("--ablation", help="FedHV ablation sweep: report-budget, participation, local-steps or all "
+                      "(paper C.5; use --methods fedhv)")
+    grid.add_argument("--rounds", type=int, help="override every run's number of rounds")
+    grid.add_argument("--data-dir", help="data root (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
+    grid.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value in every run (repeatable)")
+    grid.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -101,6 +115,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "run" and args.resume:
         return _resume(args)
+    if args.command == "grid":
+        return _grid(args)
     if not args.setting:
         raise UsageError(f"fedhv {args.command}: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
     cfg = load_config(args.setting, _overrides(args))
@@ -137,6 +153,40 @@ def _resume(args: argparse.Namespace) -> int:
     tune_allocator()
     _print_summary(resume_experiment(args.resume, progress=not args.quiet))
     return 0
+
+
+def _csv_list(flag: str, text: str, cast: type) -> list:
+    try:
+        items = [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give a comma-separated list, e.g. {flag} 0,42,2026") from None
+    if not items:
+        raise UsageError(f"{flag} is empty")
+    return items
+
+
+def _grid(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fedhv.experiment.grid import plan_grid, run_grid
+
+    if args.workers < 1 or (args.threads is not None and args.threads < 1):
+        raise UsageError(f"--workers {args.workers} / --threads {args.threads} must be >= 1")
+    methods = _csv_list("--methods", args.methods, str)
+    seeds = _csv_list("--seeds", args.seeds, int)
+    overrides = list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data.root={_quote(args.data_dir)}")
+    if args.rounds is not None:
+        overrides.append(f"rounds={args.rounds}")
+    out = Path(args.out)
+    jobs, calibrations = plan_grid(args.settings, methods, seeds, out, overrides, args.ablation)
+    report = run_grid(jobs, calibrations, out, args.workers, args.threads, progress=not args.quiet)
+    print(f"grid {out}: {len(report.done)} run(s) finished, {len(report.skipped)} already done, "
+          f"{len(report.failed)} failed, {report.seconds:.0f} s")
+    for where, why in report.failed.items():
+        print(f"  failed: {where}: {why}", file=sys.stderr)
+    return 1 if report.failed else 0
 
 
 def _print_summary(summary: dict) -> None:
