@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config value in every run (repeatable)")
     grid.add_argument("--quiet", action="store_true", help="no progress bar")
+    table = sub.add_parser("table", help="the paper's tables from run directories (no torch needed)")
+    table.add_argument("dir", help="folder searched recursively for finished run directories")
+    table.add_argument("--table", default="all", help="comma-separated table numbers: 1,8,9,11,7,10,13 (default all)")
+    table.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
+    table.add_argument("--paper", action="store_true", help="add the paper's published values and our difference")
+    plot = sub.add_parser("plot", help="learning curves, weights and wall-clock figures (no torch needed)")
+    plot.add_argument("dir", help="folder searched recursively for finished run directories")
+    plot.add_argument("--out", help="figure folder (default DIR/figures)")
+    plot.add_argument("--formats", default="png,pdf", help="comma-separated file formats (default png,pdf)")
     return parser
 
 
@@ -117,6 +126,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _resume(args)
     if args.command == "grid":
         return _grid(args)
+    if args.command == "table":
+        return _table(args)
+    if args.command == "plot":
+        return _plot(args)
     if not args.setting:
         raise UsageError(f"fedhv {args.command}: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
     cfg = load_config(args.setting, _overrides(args))
@@ -187,6 +200,52 @@ def _grid(args: argparse.Namespace) -> int:
     for where, why in report.failed.items():
         print(f"  failed: {where}: {why}", file=sys.stderr)
     return 1 if report.failed else 0
+
+
+def _finished_runs(folder: str) -> list:
+    from fedhv.results.collect import find_runs
+
+    try:
+        runs, unfinished = find_runs(folder)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    if unfinished:
+        print(f"note: {len(unfinished)} unfinished run(s) left out (resume them with `fedhv run --resume DIR`)",
+              file=sys.stderr)
+    if not runs:
+        raise UsageError(f"{folder}: no finished run directories (with summary.json) found")
+    return runs
+
+
+def _table(args: argparse.Namespace) -> int:
+    from fedhv.results.table_model import RENDERERS
+    from fedhv.results.tables import TABLES, build_tables
+
+    which = list(TABLES) if args.table == "all" else _csv_list("--table", args.table, str)
+    bad = [t for t in which if t not in TABLES]
+    if bad:
+        raise UsageError(f"--table {','.join(bad)}: fedhv makes tables {', '.join(TABLES)}")
+    tables = build_tables(_finished_runs(args.dir), which, paper=args.paper)
+    if not tables:
+        raise UsageError(f"{args.dir}: the runs found give none of tables {', '.join(which)}")
+    render = RENDERERS[args.format]
+    print(("\n" if args.format != "csv" else "").join(render(t) for t in tables), end="")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    try:
+        from fedhv.results.plots import make_figures
+    except ImportError as exc:
+        raise UsageError(f"fedhv plot needs matplotlib ({exc}); install it with pip install 'fedhv[plot]'") from None
+    out = Path(args.out) if args.out else Path(args.dir) / "figures"
+    formats = _csv_list("--formats", args.formats, str)
+    files = make_figures(_finished_runs(args.dir), out, formats)
+    for f in files:
+        print(f)
+    return 0
 
 
 def _print_summary(summary: dict) -> None:

@@ -260,7 +260,7 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
                     on_done(item, fut)
                 done_rounds = sum(_rounds_done(j) for j in jobs) + cal_done
                 bar.n = min(total, done_rounds)
-                running = sum(1 for f in pending if f.running())
+                running = min(workers, sum(1 for f in pending if f.running()))
                 bar.set_postfix_str(f"runs {len(report.done) + len(report.skipped)}/{len(jobs)} done, "
                                     f"{running} running, {len(report.failed)} failed", refresh=False)
                 bar.refresh()

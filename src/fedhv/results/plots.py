@@ -1,0 +1,192 @@
+"""Figures from run directories (matplotlib, no torch).
+
+- ``curves-<setting>``: MeanAcc, WorstAcc, MeanLoss and HV against the round, the mean
+  over seeds with a ±1σ band, one colour per method (paper Figs. 2-7 style);
+- ``tasks-<setting>``: per-task test accuracy and loss (paper C.4);
+- ``weights-<setting>``: FedHV's task weights w_i^t per round (paper C.6);
+- ``wallclock-<setting>``: cumulative wall-clock time per method, FedHV's calibration
+  drawn as its starting offset (paper Fig. 20);
+- ``ablation-<setting>-<parameter>``: FedHV MeanAcc curves of an ablation sweep.
+
+A band is drawn where at least two seeds exist; a curve keeps the rounds all its seeds have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedhv.results.collect import Run, group, method_label, ordered_methods, ordered_settings, setting_label
+
+COLORS = {"uniform": "#7f7f7f", "fsmgda": "#1f77b4", "fedcmoo": "#2ca02c", "fedhv": "#d62728"}
+METRICS = (("mean_acc", "MeanAcc (%)"), ("worst_acc", "WorstAcc (%)"), ("mean_loss", "MeanLoss"), ("hv", "HV"))
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.frameon": False,
+                         "figure.dpi": 110, "savefig.bbox": "tight"})
+    return plt
+
+
+def _series(runs: Sequence[Run], entries: Callable[[Run], list[dict[str, Any]]],
+            value: Callable[[dict[str, Any]], float | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Rounds common to all runs, mean and (with >= 2 runs) sample std of ``value``."""
+    per_run = []
+    for run in runs:
+        d = {}
+        for e in entries(run):
+            v = value(e)
+            if v is not None:
+                d[int(e["round"])] = float(v)
+        per_run.append(d)
+    common = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
+    x = np.asarray(common, dtype=float)
+    ys = np.asarray([[d[r] for r in common] for d in per_run], dtype=float)
+    if ys.size == 0:
+        return x, np.zeros(0), None
+    std = ys.std(0, ddof=1) if len(per_run) > 1 else None
+    return x, ys.mean(0), std
+
+
+def _line(ax: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray | None, label: str, color: str | None) -> None:
+    if len(x) == 0:
+        return
+    (line,) = ax.plot(x, mean, label=label, color=color, lw=1.4)
+    if std is not None:
+        ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, lw=0)
+
+
+def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for fmt in formats:
+        path = out / f"{stem}.{fmt}"
+        fig.savefig(path)
+        files.append(path)
+    _plt().close(fig)
+    return files
+
+
+def _seeds_note(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> str:
+    counts = sorted({len(v) for (s, var, _), v in groups.items() if s == setting and var is None})
+    return f"mean ± 1σ over {'/'.join(map(str, counts))} seed(s)"
+
+
+def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
+                    formats: Sequence[str]) -> list[Path]:
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
+    for ax, (key, label) in zip(axes.flat, METRICS):
+        for m in methods:
+            x, mean, std = _series(groups[(setting, None, m)], lambda r: r.metrics, lambda e, k=key: e.get(k))
+            _line(ax, x, mean, std, method_label(m), COLORS.get(m))
+        ax.set_ylabel(label)
+    for ax in axes[1]:
+        ax.set_xlabel("round")
+    axes[0, 0].legend(loc="lower right")
+    fig.suptitle(f"{setting_label(setting)}: test metrics ({_seeds_note(groups, setting)})")
+    return _save(fig, out, f"curves-{setting}", formats)
+
+
+def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
+                formats: Sequence[str]) -> list[Path]:
+    plt = _plt()
+    methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
+    tasks = groups[(setting, None, methods[0])][0].summary.get("tasks") or []
+    m = len(tasks)
+    fig, axes = plt.subplots(2, m, figsize=(3.6 * m + 1, 6.5), sharex=True, squeeze=False)
+    for i, task in enumerate(tasks):
+        for row, (key, label) in enumerate((("task_acc", "accuracy (%)"), ("task_loss", "loss"))):
+            ax = axes[row, i]
+            for meth in methods:
+                x, mean, std = _series(groups[(setting, None, meth)], lambda r: r.metrics,
+                                       lambda e, k=key, i=i: (e.get(k) or [None] * m)[i])
+                _line(ax, x, mean, std, method_label(meth), COLORS.get(meth))
+            ax.set_title(f"{task}: {label}")
+            if row == 1:
+                ax.set_xlabel("round")
+    axes[0, 0].legend(loc="lower right")
+    fig.suptitle(f"{setting_label(setting)}: per-task test accuracy and loss ({_seeds_note(groups, setting)})")
+    return _save(fig, out, f"tasks-{setting}", formats)
+
+
+def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
+                        formats: Sequence[str]) -> list[Path]:
+    runs = groups.get((setting, None, "fedhv"))
+    if not runs:
+        return []
+    plt = _plt()
+    tasks = runs[0].summary.get("tasks") or []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, task in enumerate(tasks):
+        x, mean, std = _series(runs, lambda r: r.rounds, lambda e, i=i: (e.get("weights") or [None] * len(tasks))[i])
+        _line(ax, x, mean, std, f"w[{task}]", None)
+    ax.axhline(1 / max(1, len(tasks)), color="k", lw=0.8, ls=":", label="uniform 1/m")
+    ax.set_xlabel("round")
+    ax.set_ylabel("task weight $w_i^t$")
+    ax.legend()
+    ax.set_title(f"{setting_label(setting)}: FedHV weights (mean ± 1σ over {len(runs)} seed(s))")
+    return _save(fig, out, f"weights-{setting}", formats)
+
+
+def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
+               formats: Sequence[str]) -> list[Path]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for m in ordered_methods({m for s, v, m in groups if s == setting and v is None}):
+        runs = groups[(setting, None, m)]
+        offsets = [float((r.summary.get("calibration") or {}).get("seconds") or 0.0) for r in runs]
+        x, mean, std = _series(runs, lambda r: r.rounds, lambda e: e.get("wall_clock_s"))
+        offset = float(np.mean(offsets)) if offsets else 0.0
+        label = method_label(m) + (f" (incl. {offset:.3g} s calibration)" if offset else "")
+        if len(x):
+            x, mean = np.concatenate([[0.0], x]), np.concatenate([[offset], mean + offset])
+            std = None if std is None else np.concatenate([[0.0], std])
+        _line(ax, x, mean, std, label, COLORS.get(m))
+    ax.set_xlabel("round")
+    ax.set_ylabel("cumulative wall-clock (s)")
+    ax.legend(loc="upper left")
+    ax.set_title(f"{setting_label(setting)}: end-to-end wall-clock")
+    return _save(fig, out, f"wallclock-{setting}", formats)
+
+
+def ablation_curves(runs: Sequence[Run], out: Path, formats: Sequence[str]) -> list[Path]:
+    groups = group(runs, with_variants=True)
+    files: list[Path] = []
+    for setting, param in sorted({(s, v[0]) for s, v, m in groups if v is not None}):
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        variants = sorted((v for s, v, m in groups if s == setting and v is not None and v[0] == param),
+                          key=lambda v: (isinstance(v[1], str), str(v[1]).zfill(6)))
+        for variant in variants:
+            rs = [r for (s, v, _), g in groups.items() if s == setting and v == variant for r in g]
+            x, mean, std = _series(rs, lambda r: r.metrics, lambda e: e.get("mean_acc"))
+            _line(ax, x, mean, std, f"{param.split('.')[-1]} = {variant[1]}", None)
+        ax.set_xlabel("round")
+        ax.set_ylabel("MeanAcc (%)")
+        ax.legend(loc="lower right")
+        ax.set_title(f"{setting_label(setting)}: FedHV ablation over {param}")
+        files += _save(fig, out, f"ablation-{setting}-{param.split('.')[-1]}", formats)
+    return files
+
+
+def make_figures(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """Every figure the runs support; returns the files written."""
+    groups = group(runs)
+    files: list[Path] = []
+    for setting in ordered_settings({s for s, _, _ in groups}):
+        files += learning_curves(groups, setting, out, formats)
+        files += task_curves(groups, setting, out, formats)
+        files += weight_trajectories(groups, setting, out, formats)
+        files += wall_clock(groups, setting, out, formats)
+    files += ablation_curves(runs, out, formats)
+    return files
