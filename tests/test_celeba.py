@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from celeba_fixture import make_celeba
 from fedhv.config import load_config
 from fedhv.data.benchmarks import load_benchmark
 from fedhv.data.celeba import GROUPS, load_celeba
@@ -17,8 +18,6 @@ from fedhv.errors import DataError
 from fedhv.experiment import run_experiment
 from fedhv.models import ResNet18GN
 from fedhv.objectives import MultiLabel
-
-from celeba_fixture import make_celeba
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +65,7 @@ def test_multilabel_objective_matches_bce_and_threshold_accuracy() -> None:
     p = [torch.tensor([[0.9, 0.2], [0.4, 0.6]], dtype=torch.float64), torch.tensor([[0.7], [0.1]], dtype=torch.float64)]
     y = torch.tensor([[1, 0, 0], [1, 1, 0]])
     losses, correct = obj.per_sample(p, y)
-    bce = lambda q, t: -(t * np.log(q) + (1 - t) * np.log(1 - q))  # noqa: E731
+    bce = lambda q, t: -(t * np.log(q) + (1 - t) * np.log(1 - q))
     np.testing.assert_allclose(losses[0].numpy(), [(bce(0.9, 1) + bce(0.2, 0)) / 2, bce(0.7, 0)])
     np.testing.assert_allclose(correct.numpy(), [[1.0, 0.0], [0.5, 1.0]])
     np.testing.assert_allclose(obj.batch_losses(p, y).numpy(), losses.mean(0).numpy())

@@ -117,7 +117,7 @@ def test_aggregation_uses_only_the_valid_clients(engine_name: str) -> None:
     the batched kernels' blocking depends on how many clients run together (float32
     round-off only).
     """
-    cfg, data, model, engine = _setup("train.clients_per_round=6", f"engine=\"{engine_name}\"")
+    _, _data, model, engine = _setup("train.clients_per_round=6", f"engine=\"{engine_name}\"")
     theta = get_flat(model).clone()
     alg = FedHV(np.array([3.0, 3.0]), lr_global=1.0)
     state = alg.init_state(2)
@@ -147,7 +147,7 @@ def test_aggregation_uses_only_the_valid_clients(engine_name: str) -> None:
 
 
 def test_round_without_valid_clients_keeps_model_and_weights() -> None:
-    cfg, data, model, engine = _setup()
+    _, data, model, engine = _setup()
     theta = get_flat(model).clone()
     alg = FedHV(np.array([3.0, 3.0]), lr_global=1.0)
     records = []
@@ -162,7 +162,7 @@ def test_round_without_valid_clients_keeps_model_and_weights() -> None:
 
 def test_fedcmoo_survives_faults_between_its_stages() -> None:
     """Clients rejected in the gradient stage are not asked to train; the model stays finite."""
-    cfg, data, model, engine = _setup("train.clients_per_round=6")
+    _, data, model, engine = _setup("train.clients_per_round=6")
     slices = TaskSlices.of(ParamLayout.of(model), 2, model.head_prefix)
     alg = FedCMOO(slices, lr_global=1.0, weight_steps=20)
     faults = FaultInjector(client_dropout=0.2, corrupt_updates=0.3, seed=1)

@@ -111,7 +111,7 @@ def test_tables_and_plots_never_import_torch(grid_dir: Path, tmp_path: Path) -> 
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     pngs = sorted(p.name for p in (tmp_path / "fig").glob("*.png"))
     assert pngs == ["ablation-multimnist-local_steps.png", "curves-multimnist.png", "tasks-multimnist.png",
@@ -130,3 +130,15 @@ def test_grid_rejects_bad_input_before_running(tmp_path: Path, capsys: pytest.Ca
     assert "--ablation 'depth'" in capsys.readouterr().err
     assert main(["grid", "multimnist", "--seeds", "0,x", "--out", str(out), "--quiet"]) == 2
     assert not out.exists()
+
+
+def test_calibration_is_shared_exactly_where_the_paper_shares_it(tmp_path: Path) -> None:
+    from fedhv.experiment.grid import plan_grid
+
+    _, cals = plan_grid(["cifar10-mnist-a", "cifar10-mnist-b", "celeba5-a", "celeba5-b", "multimnist"],
+                        ["uniform", "fedhv"], [0, 42, 2026], tmp_path)
+    names = sorted(Path(c.path).name.split("-")[0] for c in cals)
+    assert names == ["celeba5", "cifar10", "multimnist"]  # one per family (paper B.8)
+    _, cals = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path, ["calibration.margin=0.3"])
+    _, cals_default = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path)
+    assert cals[0].path != cals_default[0].path  # a different calibration is not reused

@@ -73,7 +73,7 @@ def test_resume_equals_uninterrupted_run(engine: str, method: str, extra: tuple[
 
     # Interrupt the second run inside round 4 (after the checkpoint of round 2 and the
     # records of round 3): the records of round 3 must be dropped and re-done.
-    import fedhv.experiment.loop as loop
+    from fedhv.experiment import loop
 
     original = loop.SimFederation.exchange
     calls = {"n": 0}
@@ -114,17 +114,31 @@ def test_truncate_jsonl_reports_torn_lines_and_later_records(tmp_path: Path) -> 
         truncate_jsonl(path, 3)
 
 
-def test_resume_rejects_changed_config_and_non_run_dirs(tmp_path: Path) -> None:
+def test_resume_rejects_changed_config_and_non_run_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ResumeError, match="not a fedhv run directory"):
         resume_experiment(tmp_path, progress=False)
+    from fedhv.experiment import loop
+
+    original = loop.SimFederation.exchange
+
+    def failing_exchange(self, theta, request):  # type: ignore[no-untyped-def]
+        if self.round_idx == 1:
+            raise _Stop
+        return original(self, theta, request)
+
+    monkeypatch.setattr(loop.SimFederation, "exchange", failing_exchange)
     cfg = small_config("method=\"uniform\"", "rounds=2")
     run = tmp_path / "run"
-    run_experiment(cfg, run, progress=False)
-    (run / "summary.json").unlink()
+    with pytest.raises(_Stop):
+        run_experiment(cfg, run, progress=False)
+    monkeypatch.setattr(loop.SimFederation, "exchange", original)
     text = (run / "config.toml").read_text()
     (run / "config.toml").write_text(text.replace("rounds = 2", "rounds = 3"))
     with pytest.raises(ResumeError, match="changed after the checkpoint"):
         resume_experiment(run, progress=False)
+    (run / "config.toml").write_text(text)
+    resume_experiment(run, progress=False)
+    assert (run / "summary.json").exists() and not (run / "checkpoint.pt").exists()
 
 
 def _cli(*args: str) -> list[str]:
@@ -160,7 +174,7 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert not (part / "summary.json").exists()
     killed_at = len(read_jsonl(part / "rounds.jsonl"))
     assert 0 < killed_at < 12
-    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=env, capture_output=True, text=True,
+    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=env, capture_output=True, text=True, check=False,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr

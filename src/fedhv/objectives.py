@@ -58,3 +58,6 @@ class MultiLabel:
 
 
 Objective = Classification | MultiLabel
+
+#: The default objective (one multi-class label per task).
+CLASSIFICATION = Classification()

@@ -162,9 +162,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if not math.isfinite(value):
                 raise ConfigError(f"{where} = {value!r} must be a finite number")
             return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
+    elif tp is str and isinstance(value, str):
+        return value
     raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
 
 

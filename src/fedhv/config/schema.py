@@ -318,12 +318,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
     for key, rates in cfg.lr.items():
         _choice("lr table key", key, LR_METHODS)
-        _positive(f"lr.{key}.global", rates.global_)
-        _positive(f"lr.{key}.local", rates.local)
+        _positive(f"lr.{key}.global", rates.global_, "a learning rate must be positive, e.g. 1.0 (server)")
+        _positive(f"lr.{key}.local", rates.local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
     if t.lr_global is not None:
-        _positive("train.lr_global", t.lr_global)
+        _positive("train.lr_global", t.lr_global, "a learning rate must be positive, e.g. 1.0 (server)")
     if t.lr_local is not None:
-        _positive("train.lr_local", t.lr_local)
+        _positive("train.lr_local", t.lr_local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
     e = cfg.eval
     if e.test_period < 0:
         raise ConfigError(f"eval.test_period = {e.test_period} must be >= 0 (0 = final evaluation only)")

@@ -26,7 +26,7 @@ import numpy as np
 from fedhv.data.augment import Augment
 from fedhv.data.cache import cache_key, cached_arrays
 from fedhv.data.idx import FASHION_MNIST, MNIST, load_fashion_mnist, load_mnist
-from fedhv.objectives import Classification, MultiLabel, Objective
+from fedhv.objectives import CLASSIFICATION, MultiLabel, Objective
 from fedhv.rng import numpy_rng
 
 #: MNIST normalisation constants, used for both benchmarks as the reference does.
@@ -63,7 +63,7 @@ class Benchmark:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     augment: Augment
-    objective: Objective = Classification()
+    objective: Objective = CLASSIFICATION
 
     @property
     def num_tasks(self) -> int:
@@ -211,7 +211,7 @@ class BenchmarkSpec:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     augment: Augment
-    objective: Objective = Classification()
+    objective: Objective = CLASSIFICATION
     version: int = 1
     fingerprint: Callable[[str | None], str] | None = None
 

@@ -9,7 +9,7 @@ import torch
 
 from fedhv.data.augment import Augment
 from fedhv.data.benchmarks import Benchmark
-from fedhv.objectives import Classification, Objective
+from fedhv.objectives import CLASSIFICATION, Objective
 from fedhv.rng import numpy_rng
 
 
@@ -50,7 +50,7 @@ class FederatedData:
     parts: torch.Tensor
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]]
     augment: Augment | None
-    objective: Objective = Classification()
+    objective: Objective = CLASSIFICATION
 
     @property
     def num_tasks(self) -> int:

@@ -20,6 +20,7 @@ from fedhv.data.federated import FederatedData
 from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.calibration import CalibrationResult
 from fedhv.experiment.checkpoint import (
+    CHECKPOINT_FILE,
     Checkpoint,
     ResumeError,
     config_digest,
@@ -143,6 +144,9 @@ def resume_experiment(run_dir: str | Path, progress: bool = True) -> dict[str, A
         calibration = CalibrationResult.from_dict(json.loads((path / "calibration.json").read_text()))
     data = federated_data(cfg)
     setup = build_method(cfg, data, _bar_factory(progress), calibration)
+    for stale in path.glob(".*.*"):  # temporary files of writes cut short by a kill
+        if stale.name.startswith((".checkpoint.pt.", ".summary.json.", ".calibration.json.")):
+            stale.unlink(missing_ok=True)
     offsets = ckpt.offsets if ckpt is not None else {"rounds.jsonl": 0, "metrics.jsonl": 0}
     for name, offset in offsets.items():
         note = truncate_jsonl(path / name, offset).describe(name)
@@ -226,6 +230,8 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         torch.save({"state_dict": evaluator.state_dict(), "round": cfg.rounds}, run.path / "model.pt")
         summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start)
         run.write_json("summary.json", summary)
+        # The run is complete: model.pt and summary.json replace the checkpoint.
+        (run.path / CHECKPOINT_FILE).unlink(missing_ok=True)
         return summary
     finally:
         run.close()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedhv.objectives import Classification, Objective
+from fedhv.objectives import CLASSIFICATION, Objective
 
 
 @torch.no_grad()
 def per_sample_losses(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096,
-    objective: Objective = Classification(),
+    objective: Objective = CLASSIFICATION,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample task losses and correctness (model in its current mode).
 
@@ -31,7 +31,7 @@ def per_sample_losses(
 
 def evaluate_tasks(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096,
-    objective: Objective = Classification(),
+    objective: Objective = CLASSIFICATION,
 ) -> tuple[list[float], list[float]]:
     """Per-task accuracy (%) and mean loss over a whole evaluation set."""
     was_training = model.training

@@ -149,8 +149,8 @@ def group(runs: Sequence[Run], with_variants: bool = False) -> dict[tuple[str, A
         if (run.variant is not None) != with_variants:
             continue
         out.setdefault((run.setting, run.variant, run.method), []).append(run)
-    for key in out:
-        out[key].sort(key=lambda r: r.seed)
+    for members in out.values():
+        members.sort(key=lambda r: r.seed)
     return out
 
 

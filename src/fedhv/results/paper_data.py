@@ -28,9 +28,9 @@ def paper_value(*path: str | int) -> Any:
     """The entry at ``path`` (e.g. ``"table1", "multimnist", "fedhv", "mean_acc"``) or ``None``."""
     node: Any = paper_tables()
     for key in path:
-        if isinstance(node, list) and isinstance(key, int) and key < len(node):
-            node = node[key]
-        elif isinstance(node, dict) and key in node:
+        if (isinstance(node, list) and isinstance(key, int) and key < len(node)) or (
+            isinstance(node, dict) and key in node
+        ):
             node = node[key]
         else:
             return None

@@ -120,6 +120,14 @@ def table11(runs: Sequence[Run], paper: bool = False) -> Table:
     return t
 
 
+def _task_value(key: str, i: int) -> Callable[[Run], float | None]:
+    def get(run: Run) -> float | None:
+        values = run.summary.get(key) or []
+        return values[i] if i < len(values) else None
+
+    return get
+
+
 def table9(runs: Sequence[Run], paper: bool = False) -> list[Table]:
     """One table per setting: per-task accuracy and loss by method."""
     groups = group(runs)
@@ -133,10 +141,8 @@ def table9(runs: Sequence[Run], paper: bool = False) -> list[Table]:
         columns: list[list[Cell]] = [[] for _ in header]
         for m in methods:
             rs = groups[(setting, None, m)]
-            cells = [Cell(_stat(rs, lambda r, i=i: (r.summary.get("task_acc") or [None] * len(tasks))[i]))
-                     for i in range(len(tasks))]
-            cells += [Cell(_stat(rs, lambda r, i=i: (r.summary.get("task_loss") or [None] * len(tasks))[i]),
-                           digits=3) for i in range(len(tasks))]
+            cells = [Cell(_stat(rs, _task_value("task_acc", i))) for i in range(len(tasks))]
+            cells += [Cell(_stat(rs, _task_value("task_loss", i)), digits=3) for i in range(len(tasks))]
             if m in ("fsmgda", "fedcmoo", "fedhv"):
                 for j, c in enumerate(cells):
                     columns[j].append(c)
