@@ -102,7 +102,7 @@ class _TqdmHandler(logging.Handler):
     """Log records as ``warning: ...`` lines that do not break progress bars."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]
 
         tqdm.write(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
 

@@ -24,15 +24,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from fedhv.errors import FedHVError
+from fedhv.results.rundir import write_atomic_with
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 1
@@ -78,16 +78,10 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> None:
     """Atomically write ``run_dir/checkpoint.pt``."""
     path = Path(run_dir) / CHECKPOINT_FILE
     payload = {"format": FORMAT, **ckpt.__dict__, "theta": ckpt.theta.detach().cpu().clone()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    def write(fh: BinaryIO) -> None:
+        torch.save(payload, fh)
+
+    write_atomic_with(path, write)
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint | None:

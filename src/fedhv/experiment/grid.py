@@ -234,7 +234,7 @@ class GridReport:
 def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, workers: int = 1,
              threads: int | None = None, progress: bool = True) -> GridReport:
     """Run the calibrations, then the jobs, in ``workers`` processes."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

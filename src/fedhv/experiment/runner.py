@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 from fedhv.config import dumps, to_dict
 from fedhv.config.loader import config_from_toml_text

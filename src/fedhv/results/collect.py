@@ -134,7 +134,7 @@ class Stat:
     values: tuple[float, ...] = field(default=(), compare=False)
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Stat | None:
+    def of(cls, values: Iterable[float | None]) -> Stat | None:
         vals = tuple(float(v) for v in values if v is not None and math.isfinite(float(v)))
         if not vals:
             return None

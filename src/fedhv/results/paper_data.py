@@ -28,12 +28,13 @@ def paper_value(*path: str | int) -> Any:
     """The entry at ``path`` (e.g. ``"table1", "multimnist", "fedhv", "mean_acc"``) or ``None``."""
     node: Any = paper_tables()
     for key in path:
-        if (isinstance(node, list) and isinstance(key, int) and key < len(node)) or (
-            isinstance(node, dict) and key in node
-        ):
+        if isinstance(node, list) and isinstance(key, int) and key < len(node):
             node = node[key]
-        else:
-            return None
+            continue
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+            continue
+        return None
     return node
 
 

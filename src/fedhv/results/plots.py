@@ -80,15 +80,39 @@ def _seeds_note(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> 
     return f"mean ± 1σ over {'/'.join(map(str, counts))} seed(s)"
 
 
+Entry = dict[str, Any]
+
+
+def _field(key: str) -> Callable[[Entry], float | None]:
+    """``entry[key]`` (None when missing)."""
+    return lambda e: e.get(key)
+
+
+def _item(key: str, i: int) -> Callable[[Entry], float | None]:
+    """``entry[key][i]`` (None when missing or short)."""
+
+    def get(e: Entry) -> float | None:
+        values = e.get(key) or []
+        return values[i] if i < len(values) else None
+
+    return get
+
+
+def _method_lines(ax: Any, groups: dict[tuple[str, Any, str], list[Run]], setting: str, methods: Sequence[str],
+                  value: Callable[[dict[str, Any]], float | None]) -> None:
+    """One test-metric curve (mean ± 1σ over seeds) per method."""
+    for m in methods:
+        x, mean, std = _series(groups[(setting, None, m)], lambda r: r.metrics, value)
+        _line(ax, x, mean, std, method_label(m), COLORS.get(m))
+
+
 def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
                     formats: Sequence[str]) -> list[Path]:
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
     for ax, (key, label) in zip(axes.flat, METRICS):
-        for m in methods:
-            x, mean, std = _series(groups[(setting, None, m)], lambda r: r.metrics, lambda e, k=key: e.get(k))
-            _line(ax, x, mean, std, method_label(m), COLORS.get(m))
+        _method_lines(ax, groups, setting, methods, _field(key))
         ax.set_ylabel(label)
     for ax in axes[1]:
         ax.set_xlabel("round")
@@ -107,10 +131,7 @@ def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out
     for i, task in enumerate(tasks):
         for row, (key, label) in enumerate((("task_acc", "accuracy (%)"), ("task_loss", "loss"))):
             ax = axes[row, i]
-            for meth in methods:
-                x, mean, std = _series(groups[(setting, None, meth)], lambda r: r.metrics,
-                                       lambda e, k=key, i=i: (e.get(k) or [None] * m)[i])
-                _line(ax, x, mean, std, method_label(meth), COLORS.get(meth))
+            _method_lines(ax, groups, setting, methods, _item(key, i))
             ax.set_title(f"{task}: {label}")
             if row == 1:
                 ax.set_xlabel("round")
@@ -128,7 +149,7 @@ def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: 
     tasks = runs[0].summary.get("tasks") or []
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, task in enumerate(tasks):
-        x, mean, std = _series(runs, lambda r: r.rounds, lambda e, i=i: (e.get("weights") or [None] * len(tasks))[i])
+        x, mean, std = _series(runs, lambda r: r.rounds, _item("weights", i))
         _line(ax, x, mean, std, f"w[{task}]", None)
     ax.axhline(1 / max(1, len(tasks)), color="k", lw=0.8, ls=":", label="uniform 1/m")
     ax.set_xlabel("round")
@@ -145,7 +166,7 @@ def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out:
     for m in ordered_methods({m for s, v, m in groups if s == setting and v is None}):
         runs = groups[(setting, None, m)]
         offsets = [float((r.summary.get("calibration") or {}).get("seconds") or 0.0) for r in runs]
-        x, mean, std = _series(runs, lambda r: r.rounds, lambda e: e.get("wall_clock_s"))
+        x, mean, std = _series(runs, lambda r: r.rounds, _field("wall_clock_s"))
         offset = float(np.mean(offsets)) if offsets else 0.0
         label = method_label(m) + (f" (incl. {offset:.3g} s calibration)" if offset else "")
         if len(x):
@@ -169,7 +190,7 @@ def ablation_curves(runs: Sequence[Run], out: Path, formats: Sequence[str]) -> l
                           key=lambda v: (isinstance(v[1], str), str(v[1]).zfill(6)))
         for variant in variants:
             rs = [r for (s, v, _), g in groups.items() if s == setting and v == variant for r in g]
-            x, mean, std = _series(rs, lambda r: r.metrics, lambda e: e.get("mean_acc"))
+            x, mean, std = _series(rs, lambda r: r.metrics, _field("mean_acc"))
             _line(ax, x, mean, std, f"{param.split('.')[-1]} = {variant[1]}", None)
         ax.set_xlabel("round")
         ax.set_ylabel("MeanAcc (%)")

@@ -20,22 +20,36 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write`` on a temporary file next to ``path``, fsync it and rename it to ``path``.
+
+    A kill at any moment leaves either the old file or the complete new one.
+    """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    data = text.encode("utf-8")
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(data)
+
+    write_atomic_with(path, write)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fedhv.results.collect import Stat
@@ -68,6 +68,12 @@ def rank(cells: Sequence[Cell], higher_is_better: bool) -> None:
             cell.mark = "second"
 
 
+def _shown(cells: Sequence[Cell], escape: Callable[[str], str], best: str, second: str) -> list[str]:
+    """Cell texts, escaped and wrapped in the format's best / second-best markup (``{}`` = text)."""
+    marks = {"best": best, "second": second, "": "{}"}
+    return [marks[c.mark].format(escape(c.plain())) for c in cells]
+
+
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -76,14 +82,7 @@ def to_markdown(table: Table) -> str:
     head = table.label_header + table.header
     lines = [f"**{table.title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for labels, cells in zip(table.labels, table.rows):
-        shown = []
-        for c in cells:
-            s = _md_escape(c.plain())
-            if c.mark == "best":
-                s = f"**{s}**"
-            elif c.mark == "second":
-                s = f"<u>{s}</u>"
-            shown.append(s)
+        shown = _shown(cells, _md_escape, "**{}**", "<u>{}</u>")
         lines.append("| " + " | ".join([_md_escape(x) for x in labels] + shown) + " |")
     for note in table.notes:
         lines.append("")
@@ -106,14 +105,7 @@ def to_latex(table: Table) -> str:
         "\\toprule", " & ".join(_tex(h) for h in head) + " \\\\", "\\midrule",
     ]
     for labels, cells in zip(table.labels, table.rows):
-        shown = []
-        for c in cells:
-            s = _tex(c.plain())
-            if c.mark == "best":
-                s = f"\\textbf{{{s}}}"
-            elif c.mark == "second":
-                s = f"\\underline{{{s}}}"
-            shown.append(s)
+        shown = _shown(cells, _tex, "\\textbf{{{}}}", "\\underline{{{}}}")
         lines.append(" & ".join([_tex(x) for x in labels] + shown) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     lines += [f"% {n}" for n in table.notes]
