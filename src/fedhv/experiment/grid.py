@@ -156,13 +156,14 @@ def job_state(job: Job) -> str:
     return "new"
 
 
-def _rounds_done(job: Job) -> int:
+def _rounds_done(job: Job, finished: set[str]) -> int:
+    """Rounds written by ``job`` so far (finished jobs are remembered in ``finished``)."""
     path = Path(job.run_dir)
-    if (path / "summary.json").exists():
+    if job.run_dir in finished or (path / "summary.json").exists():
+        finished.add(job.run_dir)
         return job.rounds
     try:
-        with open(path / "rounds.jsonl", "rb") as fh:
-            return min(job.rounds, sum(1 for line in fh if line.endswith(b"\n")))
+        return min(job.rounds, (path / "rounds.jsonl").read_bytes().count(b"\n"))
     except OSError:
         return 0
 
@@ -171,8 +172,13 @@ def _rounds_done(job: Job) -> int:
 
 
 def _init_worker(threads: int) -> None:
+    """Worker set-up: thread count, allocator tuning (as ``fedhv run`` does), quiet logging."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
+
+    from fedhv._malloc import tune_allocator
+
+    tune_allocator()
 
     torch.set_num_threads(threads)
     logging.getLogger("fedhv").setLevel(logging.ERROR)
@@ -248,6 +254,7 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     total = sum(j.rounds for j in jobs) + sum(c.rounds for c in todo_cal)
     bar = tqdm(total=total, desc="grid", disable=not progress, dynamic_ncols=True, unit="round")
     cal_done = 0
+    finished: set[str] = set()
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
                              initargs=(threads,)) as pool:
@@ -258,7 +265,7 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
                 for fut in [f for f in pending if f.done()]:
                     item = pending.pop(fut)
                     on_done(item, fut)
-                done_rounds = sum(_rounds_done(j) for j in jobs) + cal_done
+                done_rounds = sum(_rounds_done(j, finished) for j in jobs) + cal_done
                 bar.n = min(total, done_rounds)
                 running = min(workers, sum(1 for f in pending if f.running()))
                 bar.set_postfix_str(f"runs {len(report.done) + len(report.skipped)}/{len(jobs)} done, "
