@@ -75,6 +75,13 @@ def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
     return files
 
 
+def _finish(fig: Any, legend_ax: Any, title: str, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    """Legend on ``legend_ax``, figure title, save in every format."""
+    legend_ax.legend(loc="lower right")
+    fig.suptitle(title)
+    return _save(fig, out, stem, formats)
+
+
 def _seeds_note(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> str:
     counts = sorted({len(v) for (s, var, _), v in groups.items() if s == setting and var is None})
     return f"mean ± 1σ over {'/'.join(map(str, counts))} seed(s)"
@@ -116,9 +123,8 @@ def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str,
         ax.set_ylabel(label)
     for ax in axes[1]:
         ax.set_xlabel("round")
-    axes[0, 0].legend(loc="lower right")
-    fig.suptitle(f"{setting_label(setting)}: test metrics ({_seeds_note(groups, setting)})")
-    return _save(fig, out, f"curves-{setting}", formats)
+    return _finish(fig, axes[0, 0], f"{setting_label(setting)}: test metrics ({_seeds_note(groups, setting)})",
+                   out, f"curves-{setting}", formats)
 
 
 def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
@@ -133,11 +139,9 @@ def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out
             ax = axes[row, i]
             _method_lines(ax, groups, setting, methods, _item(key, i))
             ax.set_title(f"{task}: {label}")
-            if row == 1:
-                ax.set_xlabel("round")
-    axes[0, 0].legend(loc="lower right")
-    fig.suptitle(f"{setting_label(setting)}: per-task test accuracy and loss ({_seeds_note(groups, setting)})")
-    return _save(fig, out, f"tasks-{setting}", formats)
+            ax.set_xlabel("round" if row == 1 else "")
+    title = f"{setting_label(setting)}: per-task test accuracy and loss ({_seeds_note(groups, setting)})"
+    return _finish(fig, axes[0, 0], title, out, f"tasks-{setting}", formats)
 
 
 def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
