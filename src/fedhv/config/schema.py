@@ -7,7 +7,7 @@ turns them into dataclasses, rejecting unknown keys with a did-you-mean hint.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fedhv.errors import ConfigError
 
@@ -173,6 +173,14 @@ class CalibrationConfig:
     seeds: tuple[int, ...] = (0,)
     partition_alpha: float | None = None
     partition_strata: str | None = None
+
+    def partition_for(self, run: PartitionConfig) -> PartitionConfig:
+        """The partition calibration runs on: the run's, with ``partition_*`` applied."""
+        return replace(
+            run,
+            alpha=run.alpha if self.partition_alpha is None else self.partition_alpha,
+            strata=run.strata if self.partition_strata is None else self.partition_strata,
+        )
 
 
 @dataclass(frozen=True)

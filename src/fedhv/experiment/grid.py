@@ -82,18 +82,13 @@ def calibration_key(cfg: RunConfig) -> str:
     """A digest of everything that determines FedHV's calibration result."""
     relevant = {
         "data": to_dict(dataclasses.replace(cfg.data, root=None, max_test_samples=0)),
-        "partition": to_dict(cfg.partition),
+        "partition": to_dict(cfg.calibration.partition_for(cfg.partition)),
         "calibration": to_dict(cfg.calibration),
         "train": to_dict(cfg.train),
         "report_batches": cfg.fedhv.report_batches,
         "engine": cfg.engine,
         "dtype": cfg.dtype,
     }
-    c = cfg.calibration
-    if c.partition_alpha is not None:
-        relevant["partition"]["alpha"] = c.partition_alpha
-    if c.partition_strata is not None:
-        relevant["partition"]["strata"] = c.partition_strata
     text = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

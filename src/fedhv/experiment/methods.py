@@ -63,16 +63,10 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
             )
         return np.asarray(calibration.reference), "calibration", calibration
     if spec == "calibrate":
-        c = cfg.calibration
         cal_data = data
-        if c.partition_alpha is not None or c.partition_strata is not None:
-            p = dataclasses.replace(
-                cfg.partition,
-                alpha=cfg.partition.alpha if c.partition_alpha is None else c.partition_alpha,
-                strata=cfg.partition.strata if c.partition_strata is None else c.partition_strata,
-            )
-            if p != cfg.partition:
-                cal_data = federated_data(dataclasses.replace(cfg, partition=p))
+        p = cfg.calibration.partition_for(cfg.partition)
+        if p != cfg.partition:
+            cal_data = federated_data(dataclasses.replace(cfg, partition=p))
         result = calibrate(cfg, cal_data, progress)
         return np.asarray(result.reference), "calibration", result
     if spec == "paper":

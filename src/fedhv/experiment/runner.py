@@ -79,6 +79,15 @@ def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:
     return eval_due(round_done, cfg) or round_done == cfg.rounds or (c.period > 0 and round_done % c.period == 0)
 
 
+def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | None
+             ) -> tuple[FederatedData, MethodSetup]:
+    """Threads, data and the built method (calibrating unless ``calibration`` is given)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = federated_data(cfg)
+    return data, build_method(cfg, data, _bar_factory(progress), calibration)
+
+
 def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool = True,
                    calibration: CalibrationResult | None = None) -> dict[str, Any]:
     """Train ``cfg.method`` on ``cfg``'s setting and write the run directory.
@@ -94,13 +103,10 @@ def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool
     dict
         The run summary (also written to ``summary.json``).
     """
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     start = time.perf_counter()
     # Everything that can fail on bad input (data files, reference checks, calibration)
     # happens before the run directory is created, so a failed start leaves nothing behind.
-    data = federated_data(cfg)
-    setup = build_method(cfg, data, _bar_factory(progress), calibration)
+    data, setup = _prepare(cfg, progress, calibration)
     run = RunDir(Path(out) if out is not None else default_run_dir(cfg.setting, cfg.method, cfg.seed))
     try:
         run.write_text("config.toml", dumps(to_dict(cfg)))
@@ -131,8 +137,6 @@ def resume_experiment(run_dir: str | Path, progress: bool = True) -> dict[str, A
         return summary
     text = config_path.read_text()
     cfg = config_from_toml_text(text)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     ckpt = load_checkpoint(path)
     if ckpt is not None and ckpt.config_sha256 != config_digest(text):
         raise ResumeError(
@@ -142,8 +146,7 @@ def resume_experiment(run_dir: str | Path, progress: bool = True) -> dict[str, A
     calibration = None
     if (path / "calibration.json").exists():
         calibration = CalibrationResult.from_dict(json.loads((path / "calibration.json").read_text()))
-    data = federated_data(cfg)
-    setup = build_method(cfg, data, _bar_factory(progress), calibration)
+    data, setup = _prepare(cfg, progress, calibration)
     for stale in path.glob(".*.*"):  # temporary files of writes cut short by a kill
         if stale.name.startswith((".checkpoint.pt.", ".summary.json.", ".calibration.json.")):
             stale.unlink(missing_ok=True)
