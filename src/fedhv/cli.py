@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="training seed (default 0)")
     run.add_argument("--rounds", type=int, help="number of adaptive rounds")
     run.add_argument("--engine", choices=["batched", "sequential"], help="client execution engine")
-    run.add_argument("--out", help="run directory (default runs/<setting>-<method>-s<seed>-<time>)")
+    run.add_argument("--device", help="cpu (default), cuda or cuda:N; with --resume: continue on this device")
+    run.add_argument("--out", help="run directory, new or empty (default runs/<setting>-<method>-s<seed>-<time>)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the finished run in --out (an unfinished one is never replaced)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     stats = sub.add_parser("partition-stats", help="per-client label histograms of a setting's partition")
     _common(stats)
@@ -71,7 +74,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     out = list(args.overrides)
     if getattr(args, "data_dir", None):
         out.append(f"data.root={_quote(args.data_dir)}")
-    for flag, key in (("method", "method"), ("seed", "seed"), ("rounds", "rounds"), ("engine", "engine")):
+    for flag, key in (("method", "method"), ("seed", "seed"), ("rounds", "rounds"), ("engine", "engine"),
+                      ("device", "device")):
         value = getattr(args, flag, None)
         if value is not None:
             out.append(f"{key}={_quote(value) if isinstance(value, str) else value}")
@@ -93,7 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedHVError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", None)  # fedhv.experiment.runner.Terminated: SIGTERM
+        if signum is not None:
+            print(f"terminated (signal {signum}); finished rounds are kept in the run directory", file=sys.stderr)
+            return 128 + int(signum)
         print("interrupted; finished rounds are kept in the run directory", file=sys.stderr)
         return 130
 
@@ -144,18 +152,26 @@ def _dispatch(args: argparse.Namespace) -> int:
         print_partition_stats(cfg)
         return 0
     from fedhv._malloc import tune_allocator
-    from fedhv.experiment import run_experiment
+    from fedhv.experiment.runner import claim_run_dir, run_experiment
 
+    if args.overwrite and args.out is None:
+        raise UsageError("--overwrite replaces the run in --out; give --out DIR")
     tune_allocator()
-    summary = run_experiment(cfg, args.out, progress=not args.quiet)
+    # Claimed (created, checked, locked) before any data is loaded: a bad --out fails at once.
+    run = claim_run_dir(cfg, args.out, overwrite=args.overwrite)
+    print(f"run directory: {run.path}", flush=True)
+    summary = run_experiment(cfg, run, progress=not args.quiet)
     _print_summary(summary)
+    print(f"run directory: {run.path}")
     return 0
 
 
 def _resume(args: argparse.Namespace) -> int:
     extra = [flag for flag, value in (("SETTING", args.setting), ("--set", args.overrides), ("--data-dir", args.data_dir),
                                       ("--method", args.method), ("--seed", args.seed), ("--rounds", args.rounds),
-                                      ("--engine", args.engine), ("--out", args.out)) if value]
+                                      ("--engine", args.engine), ("--out", args.out),
+                                      ("--overwrite", args.overwrite))
+             if value is not None and value is not False and value != []]
     if extra:
         raise UsageError(
             f"--resume continues a run with the configuration in its config.toml; drop {', '.join(extra)}"
@@ -164,7 +180,7 @@ def _resume(args: argparse.Namespace) -> int:
     from fedhv.experiment import resume_experiment
 
     tune_allocator()
-    _print_summary(resume_experiment(args.resume, progress=not args.quiet))
+    _print_summary(resume_experiment(args.resume, progress=not args.quiet, device=args.device))
     return 0
 
 
@@ -194,7 +210,12 @@ def _grid(args: argparse.Namespace) -> int:
         overrides.append(f"rounds={args.rounds}")
     out = Path(args.out)
     jobs, calibrations = plan_grid(args.settings, methods, seeds, out, overrides, args.ablation)
-    report = run_grid(jobs, calibrations, out, args.workers, args.threads, progress=not args.quiet)
+    try:
+        report = run_grid(jobs, calibrations, out, args.workers, args.threads, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"grid {out}: stopped; queued runs were not started, running ones were checkpointed. "
+              "Rerun the same command to continue.", file=sys.stderr)
+        raise
     print(f"grid {out}: {len(report.done)} run(s) finished, {len(report.skipped)} already done, "
           f"{len(report.failed)} failed, {report.seconds:.0f} s")
     for where, why in report.failed.items():
@@ -236,24 +257,37 @@ def _table(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    try:
-        from fedhv.results.plots import make_figures
-    except ImportError as exc:
-        raise UsageError(f"fedhv plot needs matplotlib ({exc}); install it with pip install 'fedhv[plot]'") from None
+    from fedhv.results.plots import make_figures, supported_formats
+
+    supported = supported_formats()  # PlotDependencyError ("pip install 'fedhv[plot]'") before reading any run
     out = Path(args.out) if args.out else Path(args.dir) / "figures"
     formats = _csv_list("--formats", args.formats, str)
-    files = make_figures(_finished_runs(args.dir), out, formats)
+    bad = [f for f in formats if f not in supported]
+    if bad:
+        raise UsageError(f"--formats {','.join(bad)}: not a figure format; choose from {', '.join(supported)}")
+    runs = _finished_runs(args.dir)
+    try:
+        files = make_figures(runs, out, formats)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write figures there ({exc.strerror or exc}); "
+                         "choose a writable folder") from None
     for f in files:
         print(f)
     return 0
 
 
+def _num(value: object, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``n/a`` when it is missing (``null`` in summary.json)."""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+
+
 def _print_summary(summary: dict) -> None:
-    acc = summary["task_acc"] or []
+    acc = summary.get("task_acc") or []
     print(
-        f"{summary['method']} seed {summary['seed']}: MeanAcc {summary['mean_acc']:.2f}  "
-        f"WorstAcc {summary['worst_acc']:.2f}  MeanLoss {summary['mean_loss']:.4f}  HV {summary['hv']:.3f}  "
-        f"task acc {', '.join(f'{a:.2f}' for a in acc)}  ({summary['wall_clock_s']:.1f} s)"
+        f"{summary.get('method')} seed {summary.get('seed')}: MeanAcc {_num(summary.get('mean_acc'), '.2f')}  "
+        f"WorstAcc {_num(summary.get('worst_acc'), '.2f')}  MeanLoss {_num(summary.get('mean_loss'), '.4f')}  "
+        f"HV {_num(summary.get('hv'), '.3f')}  task acc {', '.join(_num(a, '.2f') for a in acc) or 'n/a'}  "
+        f"({_num(summary.get('wall_clock_s'), '.1f')} s)"
     )
 
 

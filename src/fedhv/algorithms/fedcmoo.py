@@ -37,11 +37,13 @@ is not implemented.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step, one_hot_rows
+from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.models.params import TaskSlices
 from fedhv.rng import torch_generator
 from fedhv.weighting.randsvd import compress, compression_rank
@@ -54,6 +56,25 @@ class FedCMOOState:
 
     weights: np.ndarray
     round: int = 0
+    kind: ClassVar[str] = "fedcmoo"
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.weights)
+
+    def to_plain(self) -> dict[str, Any]:
+        """``{"weights": Tensor [m], "round": int}``."""
+        return {"weights": array_to_plain(self.weights), "round": int(self.round)}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> FedCMOOState:
+        """Inverse of :meth:`to_plain`; weights must lie on the simplex, the counter be >= 0."""
+        d = fields(data, cls.kind, ("weights", "round"))
+        weights = array_from_plain(d["weights"], "fedcmoo weights")
+        assert weights is not None
+        if (weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6:
+            raise StateError(f"fedcmoo weights {weights.tolist()} are not on the simplex (>= 0, sum 1)")
+        return cls(weights, int_from_plain(d["round"], "fedcmoo round"))
 
 
 def find_weights(gram: np.ndarray, start: np.ndarray, lr: float = 1e-3, steps: int = 1000,

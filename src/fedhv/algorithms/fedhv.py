@@ -17,11 +17,13 @@ per participating client (``m`` weights down, ``m`` reports up).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
+from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields
 from fedhv.weighting import hv_weights
 
 
@@ -39,6 +41,28 @@ class FedHVState:
 
     weights: np.ndarray
     last_report: np.ndarray | None = None
+    kind: ClassVar[str] = "fedhv"
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.weights)
+
+    def to_plain(self) -> dict[str, Any]:
+        """``{"weights": Tensor [m], "last_report": Tensor [m] or None}`` (same dtypes)."""
+        return {"weights": array_to_plain(self.weights), "last_report": array_to_plain(self.last_report)}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> FedHVState:
+        """Inverse of :meth:`to_plain`; weights must lie on the simplex, reports be finite."""
+        d = fields(data, cls.kind, ("weights", "last_report"))
+        weights = array_from_plain(d["weights"], "fedhv weights")
+        report = array_from_plain(d["last_report"], "fedhv last_report", optional=True)
+        assert weights is not None
+        if (weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6:
+            raise StateError(f"fedhv weights {weights.tolist()} are not on the simplex (>= 0, sum 1)")
+        if report is not None and len(report) != len(weights):
+            raise StateError(f"fedhv last_report has {len(report)} values for {len(weights)} weights")
+        return cls(weights, report)
 
 
 @dataclass(frozen=True)

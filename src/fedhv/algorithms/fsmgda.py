@@ -21,11 +21,13 @@ its own minibatches (the reference continues one loader across tasks).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, one_hot_rows
+from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.models.params import TaskSlices
 from fedhv.weighting import min_norm
 
@@ -36,6 +38,21 @@ class FSMGDAState:
 
     num_tasks: int
     last_weights: np.ndarray | None = None
+    kind: ClassVar[str] = "fsmgda"
+
+    def to_plain(self) -> dict[str, Any]:
+        """``{"num_tasks": int, "last_weights": Tensor [m] or None}``."""
+        return {"num_tasks": int(self.num_tasks), "last_weights": array_to_plain(self.last_weights)}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> FSMGDAState:
+        """Inverse of :meth:`to_plain`."""
+        d = fields(data, cls.kind, ("num_tasks", "last_weights"))
+        m = int_from_plain(d["num_tasks"], "fsmgda num_tasks", minimum=1)
+        last = array_from_plain(d["last_weights"], "fsmgda last_weights", optional=True)
+        if last is not None and len(last) != m:
+            raise StateError(f"fsmgda last_weights has {len(last)} values for {m} tasks")
+        return cls(m, last)
 
 
 @dataclass(frozen=True)

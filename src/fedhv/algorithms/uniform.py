@@ -5,11 +5,13 @@ and B.8, whose averaged reports define FedHV's reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
+from fedhv.algorithms.plain import fields, int_from_plain
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,17 @@ class UniformState:
     """Uniform keeps no state beyond the task count."""
 
     num_tasks: int
+    kind: ClassVar[str] = "uniform"
+
+    def to_plain(self) -> dict[str, Any]:
+        """``{"num_tasks": int}``."""
+        return {"num_tasks": int(self.num_tasks)}
+
+    @classmethod
+    def from_plain(cls, data: Any) -> UniformState:
+        """Inverse of :meth:`to_plain`."""
+        d = fields(data, cls.kind, ("num_tasks",))
+        return cls(int_from_plain(d["num_tasks"], "uniform num_tasks", minimum=1))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,21 @@ Checks, for a stage of a run with ``m`` tasks and ``d`` parameters that asked fo
 
 - report (when asked for): a 1-D vector of exactly ``m`` finite values ``>= 0``
   (task losses are non-negative: NLL, BCE);
-- gradients / deltas (when asked for): shape ``[T, d]``, all values finite.
+- gradients / deltas (when asked for): shape ``[T, d]``, all values finite;
+- optional norm bounds (``validation.*``; both off by default), on the float64 L2 norm
+  of each row ``u_t`` of a client's ``[T, d]`` upload:
+
+  * ``max_update_norm = B``: an update (``deltas``) row with ``||u_t|| > B`` is
+    rejected. Updates only: a model update and a gradient differ in scale by the
+    learning rate and the step count, so one absolute bound cannot serve both;
+  * ``max_update_norm_ratio = rho > 1``: among the replies that passed every other
+    check, a client with ``||u_kt|| > rho * med_t`` for some row ``t`` is rejected,
+    where ``med_t`` is the *lower* median of the ``k`` row norms (the
+    ``ceil(k/2)``-th smallest). Updates and gradient uploads alike: the rule is
+    scale-free. The lower median stays an honest client's norm while at most
+    ``floor(k/2)`` replies are inflated, so up to half of a round's replies (one of
+    two, two of four) are caught; a client whose norm is within ``rho`` times the
+    lower median is never rejected.
 
 A value that cannot be read as a number array (wrong type, ragged) is rejected too.
 """
@@ -60,6 +74,10 @@ class ReplySpec:
         A report was requested.
     gradient_rows, train_rows : int
         ``T`` rows of gradients / deltas requested (0 = none).
+    max_update_norm : float
+        Absolute bound on each update row's L2 norm (0 = off).
+    max_norm_ratio : float
+        Bound relative to the median row norm of the stage's valid replies (0 = off).
     """
 
     num_tasks: int
@@ -67,6 +85,8 @@ class ReplySpec:
     report: bool = False
     gradient_rows: int = 0
     train_rows: int = 0
+    max_update_norm: float = 0.0
+    max_norm_ratio: float = 0.0
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -102,6 +122,11 @@ def _tensor_problem(name: str, value: Any, shape: tuple[int, ...]) -> str | None
     return None
 
 
+def is_non_finite(problem: str) -> bool:
+    """Whether a :func:`reply_problem` reason is a NaN / infinite value (not shape, type or norm)."""
+    return "non-finite values" in problem
+
+
 def reply_problem(reply: ClientReply, spec: ReplySpec) -> str | None:
     """Why ``reply`` must be rejected, or ``None`` when it is valid."""
     if spec.report:
@@ -124,7 +149,43 @@ def reply_problem(reply: ClientReply, spec: ReplySpec) -> str | None:
         problem = _tensor_problem("update", reply.deltas, (spec.train_rows, spec.dim))
         if problem:
             return problem
+        if spec.max_update_norm > 0:
+            norm = float(row_norms(reply.deltas).max())
+            if norm > spec.max_update_norm:
+                return f"update norm {norm:.4g} exceeds validation.max_update_norm = {spec.max_update_norm:g}"
     return None
+
+
+def row_norms(value: Any) -> np.ndarray:
+    """Float64 L2 norms ``[T]`` of the rows of a validated ``[T, d]`` upload (no overflow)."""
+    if isinstance(value, torch.Tensor):
+        return torch.linalg.vector_norm(value.detach().to("cpu", torch.float64), dim=-1).numpy()
+    return np.linalg.norm(np.asarray(value, dtype=np.float64), axis=-1)
+
+
+def norm_outliers(valid: Sequence[ClientReply], spec: ReplySpec) -> list[str | None]:
+    """``validation.max_update_norm_ratio``: why each valid reply is an outlier, or ``None``.
+
+    Row ``t`` of client ``k`` is an outlier when ``||u_kt|| > rho * med_t``, with
+    ``med_t`` the lower median of ``||u_jt||`` over the replies ``j`` in ``valid``
+    (which passed :func:`reply_problem`).
+    """
+    problems: list[str | None] = [None] * len(valid)
+    rho = spec.max_norm_ratio
+    if rho <= 0 or not valid:
+        return problems
+    for name, label, rows in (("deltas", "update", spec.train_rows), ("gradients", "gradients", spec.gradient_rows)):
+        if not rows:
+            continue
+        norms = np.stack([row_norms(getattr(r, name)) for r in valid])  # [k, T]
+        median = np.sort(norms, axis=0)[(len(valid) - 1) // 2]  # lower median, per row
+        for k in range(len(valid)):
+            over = np.flatnonzero(norms[k] > rho * median)
+            if problems[k] is None and over.size:
+                t = int(over[0])
+                problems[k] = (f"{label} norm {norms[k, t]:.4g} exceeds validation.max_update_norm_ratio = {rho:g} "
+                               f"x the round's lower median {median[t]:.4g}")
+    return problems
 
 
 def split_replies(replies: Replies) -> list[ClientReply]:

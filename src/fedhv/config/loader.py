@@ -36,14 +36,69 @@ def preset_names() -> list[str]:
     return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
+#: Deepest nesting of arrays / tables accepted in a TOML file or a ``--set`` value (the
+#: schema needs 3: ``lr.fedhv.global``); deeper input is refused before it can exhaust
+#: the parser's recursion.
+MAX_DEPTH = 32
+#: Longest ``extends`` chain accepted.
+MAX_EXTENDS = 32
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _too_deep(origin: str) -> ConfigError:
+    return ConfigError(f"{origin} nests arrays or tables more than {MAX_DEPTH} levels deep; flatten the value")
+
+
+def _check_depth(value: Any, origin: str) -> None:
+    """Refuse values nested more than :data:`MAX_DEPTH` levels (iterative, never recurses)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children: Iterable[Any] = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise _too_deep(origin)
+        stack.extend((child, depth + 1) for child in children)
+
+
 def _read_toml(text: str, origin: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{origin} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _too_deep(origin) from None
+    _check_depth(data, origin)
+    return data
+
+
+def _read_text(path: Path, origin: str) -> str:
+    """The UTF-8 text of ``path``; unreadable or non-UTF-8 files raise :class:`ConfigError`."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{origin}: cannot read the file ({exc.strerror or exc}); check the path") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{origin} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); "
+            "TOML files must be UTF-8: re-save it as UTF-8"
+        ) from None
 
 
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated with ``top``, tables merged key by key (recursively), other values replaced."""
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
@@ -53,30 +108,65 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_setting(setting: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Raw dictionary of a preset name or TOML file (``extends`` resolved)."""
+def load_setting(setting: str) -> dict[str, Any]:
+    """Raw dictionary of a preset name or TOML file, with ``extends`` resolved.
+
+    ``extends = "<preset>"`` names a bundled preset; any other value is a path to a TOML
+    file, relative to the directory of the file that contains the ``extends`` line (not
+    the working directory). The including file is deep-merged over its base: tables are
+    merged key by key, other values replaced.
+
+    Raises
+    ------
+    ConfigError
+        Unknown setting, unreadable / non-UTF-8 / invalid TOML file, a non-string
+        ``extends``, or an ``extends`` cycle (the message lists every file in it).
+    """
+    return _load_setting(setting, None, ())
+
+
+def _load_setting(setting: str, base_dir: Path | None,
+                  chain: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """Load ``setting``; ``base_dir`` is the including file's directory, ``chain`` the
+    ``(identity, display name)`` of every setting that led here."""
+    includer = chain[-1][1] if chain else None
+    where = f"extends = {setting!r} in {includer}" if includer else f"SETTING {setting!r}"
     path = Path(setting)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
     if setting in preset_names():
-        text = (resources.files(PRESET_PACKAGE) / "presets" / f"{setting}.toml").read_text()
-        data = _read_toml(text, f"preset {setting!r}")
-        data.setdefault("setting", setting)
+        ident, name, folder = f"preset:{setting}", f"preset {setting!r}", None
+    elif base_dir is None and chain:
+        raise ConfigError(f"{where}: a preset can only extend another preset ({', '.join(preset_names())})")
     elif path.suffix == ".toml" or path.exists():
         if not path.is_file():
-            raise ConfigError(f"SETTING {setting!r}: no such file")
-        data = _read_toml(path.read_text(), str(path))
-        data.setdefault("setting", path.stem)
+            raise ConfigError(f"{where}: no such file {str(path)!r}")
+        ident, name, folder = str(path.resolve()), str(path), path.parent
     else:
         hint = difflib.get_close_matches(setting, preset_names(), n=1)
         raise ConfigError(
-            f"SETTING {setting!r} is neither a preset nor a TOML file"
+            f"{where} is neither a preset nor a TOML file"
             + (f"; did you mean {hint[0]!r}?" if hint else "")
             + f" Presets: {', '.join(preset_names())}"
         )
+    seen = [i for i, _ in chain]
+    if ident in seen:
+        loop = [n for _, n in chain[seen.index(ident):]] + [name]
+        raise ConfigError(f"extends cycle: {' -> '.join(loop)}; remove one of these extends lines")
+    if len(chain) >= MAX_EXTENDS:
+        raise ConfigError(f"{where}: extends chain longer than {MAX_EXTENDS} files; shorten it")
+    if folder is None:
+        text = (resources.files(PRESET_PACKAGE) / "presets" / f"{setting}.toml").read_text(encoding="utf-8")
+        data = _read_toml(text, name)
+        data.setdefault("setting", setting)
+    else:
+        data = _read_toml(_read_text(path, name), name)
+        data.setdefault("setting", path.stem)
     base = data.pop("extends", None)
     if base is not None:
-        if base in _seen:
-            raise ConfigError(f"extends cycle: {' -> '.join(_seen + (base,))}")
-        parent = load_setting(str(base), _seen + (setting,))
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"{name}: extends = {_short(base)} must be a preset name or a TOML file path")
+        parent = _load_setting(base, folder, chain + ((ident, name),))
         data = _deep_merge(parent, data)
     return data
 
@@ -84,20 +174,32 @@ def load_setting(setting: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse ``a.b=value``; the value is TOML, or a bare string."""
     if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.local_steps=5")
+        raise ConfigError(f"--set {_short(item)}: expected key=value, e.g. --set train.local_steps=5")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {item!r}: empty key")
+        raise ConfigError(f"--set {_short(item)}: empty key")
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"--set {_short(item)}: not valid UTF-8 text; pass the value as UTF-8") from None
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except RecursionError:
+        raise _too_deep(f"--set {key}={_short(raw, 30)}") from None
+    _check_depth(value, f"--set {key}={_short(raw, 30)}")
     return key.split("."), value
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``--set`` overrides to a raw config dictionary."""
+    """Apply ``--set`` overrides to a raw config dictionary.
+
+    A table value is deep-merged into the table it overrides, as an including TOML
+    file's tables are merged over its ``extends`` base: ``--set 'train={local_steps=2}'``
+    changes ``train.local_steps`` only. Other values replace the old one.
+    """
     out = dict(data)
     for item in overrides:
         path, value = parse_override(item)
@@ -107,6 +209,9 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             child = dict(child) if isinstance(child, Mapping) else {}
             node[part] = child
             node = child
+        old = node.get(path[-1])
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            value = _deep_merge(dict(old), value)
         node[path[-1]] = value
     return out
 
@@ -136,20 +241,20 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
+        raise ConfigError(f"{where} = {_short(value, 80)} has the wrong type; expected {_type_name(tp)}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} = {value!r} must be a list of {_type_name(typing.get_args(tp)[0])}")
+            raise ConfigError(f"{where} = {_short(value, 80)} must be a list of {_type_name(typing.get_args(tp)[0])}")
         inner = typing.get_args(tp)[0]
         return tuple(_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a table, got {value!r}")
+            raise ConfigError(f"{where} must be a table, got {_short(value, 80)}")
         inner = typing.get_args(tp)[1]
         return {str(k): _coerce(v, inner, f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a table, got {value!r}")
+            raise ConfigError(f"{where} must be a table, got {_short(value, 80)}")
         return build(typing.cast(type, tp), value, where)
     if tp is bool:
         if isinstance(value, bool):
@@ -160,11 +265,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
-                raise ConfigError(f"{where} = {value!r} must be a finite number")
+                raise ConfigError(f"{where} = {_short(value, 80)} must be a finite number")
             return float(value)
     elif tp is str and isinstance(value, str):
         return value
-    raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
+    raise ConfigError(f"{where} = {_short(value, 80)} has the wrong type; expected {_type_name(tp)}")
 
 
 def build(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
@@ -233,7 +338,7 @@ def _toml_value(value: Any) -> str:
         return f'"{escaped}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
+    raise TypeError(f"cannot write {_short(value, 80)} as TOML")
 
 
 def dumps(data: Mapping[str, Any], prefix: str = "") -> str:
@@ -253,8 +358,14 @@ def dumps(data: Mapping[str, Any], prefix: str = "") -> str:
     return "\n".join(lines).strip("\n") + "\n"
 
 
-def config_from_toml_text(text: str) -> RunConfig:
-    """Rebuild a resolved config from a run directory's ``config.toml``."""
+def config_from_toml_text(text: str, device: str | None = None) -> RunConfig:
+    """Rebuild a resolved config from a run directory's ``config.toml``.
+
+    ``device``, if given, replaces the file's ``device`` before validation (a run
+    resumed on another machine or GPU).
+    """
     cfg = build(RunConfig, _read_toml(text, "config.toml"))
+    if device is not None:
+        cfg = dataclasses.replace(cfg, device=device)
     validate(cfg)
     return resolve(cfg)

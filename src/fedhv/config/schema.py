@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from fedhv.devices import check_device
 from fedhv.errors import ConfigError
 
 #: Methods that can be run (``method = ...``).
@@ -198,11 +199,42 @@ class FaultsConfig:
     corrupt_updates : float
         Probability that a client's uploaded update or gradients are replaced by
         garbage (non-finite values or the wrong shape).
+    poison_updates : float
+        Probability that a client's uploaded update or gradients are multiplied by
+        1e30: finite and of the right shape, so only ``validation.max_update_norm`` /
+        ``max_update_norm_ratio`` reject them (drawn from a stream of its own).
     """
 
     client_dropout: float = 0.0
     corrupt_reports: float = 0.0
     corrupt_updates: float = 0.0
+    poison_updates: float = 0.0
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Reply bounds and divergence checks (see :mod:`fedhv.algorithms.validation` and
+    :mod:`fedhv.experiment.divergence` for the rules and the evidence behind the defaults).
+
+    Attributes
+    ----------
+    max_update_norm : float
+        Reject a client whose model update has a row with L2 norm above this (0 = off).
+    max_update_norm_ratio : float
+        Reject a client whose update (or uploaded gradient) row norm exceeds this many
+        times the median over the stage's valid replies; 0 = off, else > 1.
+    divergence_rounds : int
+        Stop after this many rounds in a row lost because clients' training produced
+        non-finite values (0 = never).
+    max_model_growth : float
+        Stop when one round multiplies the global model's L2 norm by more than this
+        (0 = off, else > 1). A non-finite global model always stops the run.
+    """
+
+    max_update_norm: float = 0.0
+    max_update_norm_ratio: float = 0.0
+    divergence_rounds: int = 3
+    max_model_growth: float = 1e4
 
 
 @dataclass(frozen=True)
@@ -227,7 +259,9 @@ class RunConfig:
     """A complete run.
 
     ``engine_chunk`` bounds how many client model copies the batched engine trains at
-    once (0 = all; lower it to cap memory, e.g. for CelebA5's ResNet-18).
+    once (0 = all; lower it to cap memory, e.g. for CelebA5's ResNet-18). ``device`` is
+    ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``; it must be available (see
+    :func:`fedhv.devices.check_device`).
     """
 
     setting: str = "custom"
@@ -250,6 +284,7 @@ class RunConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     @property
     def lr_global(self) -> float:
@@ -271,6 +306,33 @@ def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
         )
 
 
+#: Seeds are keyed into :mod:`fedhv.rng` streams as 32-bit words (``fedhv.rng._key_to_int``
+#: keeps ``seed & 0xFFFFFFFF``), so only ``0 <= seed < 2**32`` names a distinct stream; larger
+#: or negative seeds would silently alias another seed and are refused.
+SEED_BOUND = 2**32
+
+
+def _seed(name: str, value: int) -> None:
+    """Refuse a seed outside ``[0, 2**32)`` (it would alias a seed inside the range)."""
+    if not 0 <= value < SEED_BOUND:
+        raise ConfigError(
+            f"{name} = {value} is out of range; seeds must be integers in [0, 2**32 - 1 = {SEED_BOUND - 1}] "
+            f"(random streams are keyed by 32-bit seeds, so {value} would silently equal seed {value % SEED_BOUND})"
+        )
+
+
+def _validation(v: ValidationConfig) -> None:
+    """Check the ``validation`` section (bounds: 0 = off)."""
+    if not v.max_update_norm >= 0:
+        raise ConfigError(f"validation.max_update_norm = {v.max_update_norm} must be >= 0 (0 = no bound), e.g. 100")
+    for name in ("max_update_norm_ratio", "max_model_growth"):
+        value = getattr(v, name)
+        if not (value == 0 or value > 1):
+            raise ConfigError(f"validation.{name} = {value} must be 0 (off) or > 1, e.g. 10")
+    if v.divergence_rounds < 0:
+        raise ConfigError(f"validation.divergence_rounds = {v.divergence_rounds} must be >= 0 (0 = never stop), e.g. 3")
+
+
 def _positive(name: str, value: float, fix: str = "") -> None:
     if not value > 0:
         raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
@@ -287,12 +349,21 @@ def validate(cfg: RunConfig) -> None:
     _choice("method", cfg.method, METHODS)
     _choice("engine", cfg.engine, ENGINES)
     _choice("dtype", cfg.dtype, DTYPES)
+    check_device(cfg.device)
     _choice("data.benchmark", cfg.data.benchmark, BENCHMARKS)
     _choice("partition.strata", cfg.partition.strata, STRATA)
     if cfg.rounds < 1:
         raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")
-    if cfg.seed < 0:
-        raise ConfigError(f"seed = {cfg.seed} must be >= 0")
+    if not cfg.setting.strip() or cfg.setting in (".", "..") or any(c in cfg.setting for c in "/\\\0"):
+        raise ConfigError(
+            f"setting = {cfg.setting!r} names run directories; use a plain name without '/', '\\' or '..'"
+        )
+    _seed("seed", cfg.seed)
+    _seed("partition.seed", cfg.partition.seed)
+    _seed("data.pair_seed", cfg.data.pair_seed)
+    _seed("data.val_seed", cfg.data.val_seed)
+    for i, calibration_seed in enumerate(cfg.calibration.seeds):
+        _seed(f"calibration.seeds[{i}]", calibration_seed)
     if cfg.engine_chunk < 0:
         raise ConfigError(f"engine_chunk = {cfg.engine_chunk} must be >= 0 (0 = all model copies at once)")
     if cfg.threads < 0:
@@ -339,6 +410,17 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"eval.batch_size = {e.batch_size} must be >= 1")
     for split in e.splits:
         _choice("eval.splits entry", split, ("val", "test"))
+    # The summary and the tables report the test metrics: refuse a run that never evaluates them.
+    if "test" not in e.splits:
+        raise ConfigError(
+            f"eval.splits = {list(e.splits)} has no \"test\": the run would never evaluate the test set that "
+            "summary.json reports; add it, e.g. eval.splits = [\"test\", \"val\"]"
+        )
+    if not e.final and (e.test_period == 0 or e.test_period > cfg.rounds):
+        raise ConfigError(
+            f"eval.test_period = {e.test_period} with eval.final = false and rounds = {cfg.rounds} never evaluates "
+            "the test set; set eval.final = true or eval.test_period between 1 and rounds"
+        )
     h = cfg.fedhv
     _positive("fedhv.rho_clip", h.rho_clip, "the slack floor must be positive, e.g. 1e-6")
     if isinstance(h.report_batches, str):
@@ -386,10 +468,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"data.flip_prob = {d.flip_prob} must be in [0, 1]")
     if not c.seeds:
         raise ConfigError("calibration.seeds is empty; give at least one seed, e.g. [0]")
-    for name in ("client_dropout", "corrupt_reports", "corrupt_updates"):
+    for name in ("client_dropout", "corrupt_reports", "corrupt_updates", "poison_updates"):
         value = getattr(cfg.faults, name)
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"faults.{name} = {value} must be a probability in [0, 1) (0 = no faults)")
+    _validation(cfg.validation)
     if cfg.checkpoint.period < 0:
         raise ConfigError(
             f"checkpoint.period = {cfg.checkpoint.period} must be >= 0 (0 = at every test evaluation); "

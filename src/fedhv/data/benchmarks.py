@@ -18,14 +18,16 @@ validation with a seeded shuffle whose *last* ``val_fraction`` goes to validatio
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from fedhv.data.augment import Augment
-from fedhv.data.cache import cache_key, cached_arrays
-from fedhv.data.idx import FASHION_MNIST, MNIST, load_fashion_mnist, load_mnist
+from fedhv.data.derived import load_derived
+from fedhv.data.idx import load_fashion_mnist, load_mnist
 from fedhv.objectives import CLASSIFICATION, MultiLabel, Objective
 from fedhv.rng import numpy_rng
 
@@ -49,6 +51,9 @@ class Benchmark:
         Per-channel normalisation ``x -> (x / 255 - mean) / std``.
     augment : Augment
         Training-batch augmentation.
+    provenance : dict
+        Where the arrays come from (JSON-able): data root, source files with sizes and
+        digests, warnings, the cache file used or built, sample counts per split.
     """
 
     name: str
@@ -64,6 +69,7 @@ class Benchmark:
     std: tuple[float, ...]
     augment: Augment
     objective: Objective = CLASSIFICATION
+    provenance: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def num_tasks(self) -> int:
@@ -167,15 +173,17 @@ def load_benchmark(
 ) -> Benchmark:
     """Build (or load from the cache) a benchmark by name.
 
-    ``augment`` replaces the benchmark's default training augmentation.
+    The source files present under the data root are verified on every call (digests
+    memoised by size and mtime); the cache key includes their fingerprints
+    (:mod:`fedhv.data.derived`). ``augment`` replaces the benchmark's default training
+    augmentation.
     """
     if benchmark not in BUILDERS:
         raise ValueError(f"unknown benchmark {benchmark!r}")
     spec = BUILDERS[benchmark]
-    sources = spec.sources if spec.fingerprint is None else spec.sources + (spec.fingerprint(root),)
-    arrays = cached_arrays(
-        benchmark, cache_key(benchmark=benchmark, sources=sources, pair_seed=pair_seed, version=spec.version),
-        lambda: spec.build(root, download, pair_seed), use_cache,
+    params = {"benchmark": benchmark, "pair_seed": pair_seed, "version": spec.version}
+    arrays, provenance = load_derived(
+        benchmark, spec.datasets, params, root, lambda: spec.build(root, download, pair_seed), use_cache
     )
     if "val_x" in arrays:  # an official validation split (CelebA)
         train_x, train_y, val_x, val_y = arrays["train_x"], arrays["train_y"], arrays["val_x"], arrays["val_y"]
@@ -183,6 +191,8 @@ def load_benchmark(
         tr, va = _split_val(len(arrays["train_x"]), val_fraction, val_seed)
         train_x, train_y = arrays["train_x"][tr], arrays["train_y"][tr]
         val_x, val_y = arrays["train_x"][va], arrays["train_y"][va]
+    provenance = {"benchmark": benchmark, **provenance,
+                  "samples": {"train": len(train_x), "val": len(val_x), "test": len(arrays["test_x"])}}
     return Benchmark(
         name=benchmark,
         task_names=spec.task_names,
@@ -197,14 +207,15 @@ def load_benchmark(
         std=spec.std,
         augment=augment if augment is not None else spec.augment,
         objective=spec.objective,
+        provenance=provenance,
     )
 
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """How a benchmark is built: source checksums (cache key), builder, constants."""
+    """How a benchmark is built: source data sets (their fingerprints key the cache), builder, constants."""
 
-    sources: tuple[str, ...]
+    datasets: tuple[str, ...]
     build: Callable[[str | None, bool, int], dict[str, np.ndarray]]
     task_names: tuple[str, ...]
     num_classes: tuple[int, ...]
@@ -212,8 +223,7 @@ class BenchmarkSpec:
     std: tuple[float, ...]
     augment: Augment
     objective: Objective = CLASSIFICATION
-    version: int = 1
-    fingerprint: Callable[[str | None], str] | None = None
+    version: int = 2
 
 
 def _cifar_mnist(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
@@ -225,36 +235,30 @@ def _cifar_mnist(root: str | None, download: bool, pair_seed: int) -> dict[str, 
 def _celeba5(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
     from fedhv.data.celeba import load_celeba
 
-    data = load_celeba(root)
+    with warnings.catch_warnings():  # the subset warning was given (and recorded) by load_derived
+        warnings.filterwarnings("ignore", message=".*not the full CelebA")
+        data = load_celeba(root)
     return {f"{split}_{k}": v for split, pair in data.items() for k, v in zip(("x", "y"), pair)}
 
 
-def _celeba_fingerprint(root: str | None) -> str:
-    from fedhv.data.celeba import fingerprint
-
-    return fingerprint(root)
-
-
-_MNIST_MD5 = tuple(f.md5 for f in MNIST.files)
 BUILDERS: dict[str, BenchmarkSpec] = {
     "multimnist": BenchmarkSpec(
-        _MNIST_MD5, lambda r, d, s: _build_pairs("multimnist", r, d, s), ("left", "right"), (10, 10),
+        ("MNIST",), lambda r, d, s: _build_pairs("multimnist", r, d, s), ("left", "right"), (10, 10),
         (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0),
     ),
     "mnist-fmnist": BenchmarkSpec(
-        _MNIST_MD5 + tuple(f.md5 for f in FASHION_MNIST.files), lambda r, d, s: _build_pairs("mnist-fmnist", r, d, s),
+        ("MNIST", "Fashion-MNIST"), lambda r, d, s: _build_pairs("mnist-fmnist", r, d, s),
         ("digit", "fashion"), (10, 10), (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0),
     ),
     "cifar10-mnist": BenchmarkSpec(
-        _MNIST_MD5 + ("cifar10",), _cifar_mnist, ("cifar", "digit"), (10, 10),
+        ("CIFAR-10", "MNIST"), _cifar_mnist, ("cifar", "digit"), (10, 10),
         (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010),
         Augment(rotation_degrees=30.0, integer_angles=True, interpolation="nearest", flip_prob=0.4),
     ),
     "celeba5": BenchmarkSpec(
-        ("celeba",), _celeba5, ("T1", "T2", "T3", "T4", "T5"), (8, 8, 8, 8, 8),
+        ("CelebA",), _celeba5, ("T1", "T2", "T3", "T4", "T5"), (8, 8, 8, 8, 8),
         tuple(v / 255.0 for v in (72.39239876, 82.90891754, 73.15835921)), (1.0, 1.0, 1.0), Augment(),
         MultiLabel(((0, 9, 3, 15, 22, 33, 25, 29), (1, 8, 7, 10, 16, 32, 26, 34), (2, 11, 12, 14, 21, 28, 35, 39),
                     (4, 6, 13, 18, 19, 20, 30, 31), (5, 17, 23, 24, 27, 36, 37, 38))),
-        fingerprint=_celeba_fingerprint,
     ),
 }

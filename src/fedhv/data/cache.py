@@ -1,4 +1,12 @@
-"""A small on-disk cache for derived arrays (never written next to source data)."""
+"""A small on-disk cache for derived arrays (never written next to source data).
+
+Every file is written through :func:`atomic_write`: a temporary file in the target
+folder, flushed and ``fsync``'ed, renamed over the target, then the folder is
+``fsync``'ed; the temporary file is removed on any failure (also ``KeyboardInterrupt``).
+A reader therefore sees the previous or the new file, never a partial one. A cache
+file that cannot be read for any reason (truncated ``.npz`` -> ``zipfile.BadZipFile``,
+CRC errors, a missing member, ...) is treated as absent and rebuilt.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,8 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -20,30 +30,111 @@ def cache_key(**params: object) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` atomically and durably through ``write(fh)``.
+
+    Raises
+    ------
+    OSError
+        When the folder cannot be created or written (the temporary file is removed).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
+    """All arrays of the ``.npz`` file ``path``, or ``None`` when it is absent or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as fh, np.load(fh) as npz:  # our handle: closed even when np.load fails
+            return {k: npz[k] for k in npz.files}
+    except Exception:  # noqa: BLE001 - BadZipFile, CRC errors, pickle refusals, OSError: all mean "rebuild"
+        return None
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> str | None:
+    """Save ``arrays`` to ``path`` atomically; return ``None`` or the reason it failed.
+
+    A cache folder that cannot be written only costs a rebuild next time, so an
+    ``OSError`` is reported (returned and warned), not raised.
+    """
+    try:
+        atomic_write(path, lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
+    except OSError as exc:
+        warnings.warn(f"could not write the data cache {path} ({exc}); set FEDHV_CACHE to a writable folder")
+        return str(exc)
+    return None
+
+
+def fetch_arrays(
+    name: str, key: str, build: Callable[[], dict[str, np.ndarray]], enabled: bool = True
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Load ``name-key.npz`` from the cache, or build it, save it and return it.
+
+    Returns
+    -------
+    arrays : dict
+    info : dict
+        ``{"file": path, "status": "loaded" | "built" | "built, not saved" | "disabled"}``.
+    """
+    path = cache_root() / f"{name}-{key}.npz"
+    if enabled:
+        arrays = load_arrays(path)
+        if arrays is not None:
+            return arrays, {"file": str(path), "status": "loaded"}
+    arrays = build()
+    if not enabled:
+        return arrays, {"file": None, "status": "disabled"}
+    failed = save_arrays(path, arrays)
+    return arrays, {"file": str(path), "status": "built" if failed is None else "built, not saved"}
+
+
 def cached_arrays(
     name: str, key: str, build: Callable[[], dict[str, np.ndarray]], enabled: bool = True
 ) -> dict[str, np.ndarray]:
-    """Load ``name-key.npz`` from the cache, or build, save atomically and return it.
+    """:func:`fetch_arrays` without the cache information."""
+    return fetch_arrays(name, key, build, enabled)[0]
 
-    A cache folder that cannot be written only costs the rebuild next time
-    (a warning says so); a damaged cache file is rebuilt.
-    """
-    path = cache_root() / f"{name}-{key}.npz"
-    if enabled and path.is_file():
-        try:
-            with np.load(path) as npz:
-                return {k: npz[k] for k in npz.files}
-        except (OSError, ValueError, EOFError):
-            pass
-    arrays = build()
-    if not enabled:
-        return arrays
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or ``None`` when absent or unreadable."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}-", suffix=".npz")
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, path)
-    except OSError as exc:
-        warnings.warn(f"could not write the data cache {path} ({exc}); set FEDHV_CACHE to a writable folder")
-    return arrays
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_json(path: Path, value: dict[str, Any]) -> bool:
+    """Write a JSON object atomically; ``False`` (no exception) when the folder is not writable."""
+    blob = json.dumps(value, indent=1, sort_keys=True).encode()
+    try:
+        atomic_write(path, lambda fh: fh.write(blob))
+    except OSError:
+        return False
+    return True

@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from fedhv.data.files import data_root
+from fedhv.data.provenance import DigestMemo, SourceRecord, fingerprint_of, relative
 from fedhv.errors import DataError
 
 ATTRIBUTES = (
@@ -66,9 +67,16 @@ def _find_root(base: Path) -> Path:
     )
 
 
+ANNOTATIONS = ("list_attr_celeba.txt", "list_attr_celeba.csv", "list_eval_partition.txt", "list_eval_partition.csv")
+
+
+def _subset_warning(path: Path, rows: int) -> str:
+    return f"{path} has {rows} images, not the full CelebA's {FULL_ROWS}; using it as it is"
+
+
 def _check_md5(path: Path, rows: int) -> None:
     if rows != FULL_ROWS:
-        warnings.warn(f"{path} has {rows} images, not the full CelebA's {FULL_ROWS}; using it as it is")
+        warnings.warn(_subset_warning(path, rows))
         return
     expected = ANNOTATION_MD5.get(path.name)
     if expected is not None:
@@ -139,13 +147,50 @@ def load_celeba(root: str | Path | None = None, size: int = 32) -> dict[str, tup
     return out
 
 
-def fingerprint(root: str | Path | None = None) -> str:
-    """Cache key of a CelebA folder: annotation contents plus image names and sizes."""
-    base = _find_root(data_root(root))
-    h = hashlib.sha256()
-    for name in ("list_attr_celeba.txt", "list_attr_celeba.csv", "list_eval_partition.txt", "list_eval_partition.csv"):
-        if (base / name).is_file():
-            h.update((base / name).read_bytes())
-    for entry in sorted((e.name, e.stat().st_size) for e in (base / "img_align_celeba").iterdir()):
-        h.update(f"{entry[0]}:{entry[1]};".encode())
-    return h.hexdigest()
+def celeba_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
+    """Record of the CelebA copy under ``base`` (``None`` when there is none).
+
+    Annotation files are hashed (full-size ones checked against their published md5s) and
+    the image folder is fingerprinted by the content of every image (memoised). A subset
+    (fewer rows than the full CelebA's 202,599 in the partition list) is recorded as a
+    warning, so that it reaches ``environment.json`` even when the derived arrays come
+    from the cache.
+
+    Raises
+    ------
+    DataError
+        When a full-size annotation file fails its checksum, or a file is unreadable.
+    """
+    try:
+        root = _find_root(base)
+    except DataError:
+        return None
+    files: list[dict[str, object]] = []
+    warn: list[str] = []
+    partition = next((root / n for n in ANNOTATIONS[2:] if (root / n).is_file()), None)
+    rows = None
+    if partition is not None:
+        try:
+            lines = [ln for ln in partition.read_text().splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"cannot read {partition}: {exc}; replace the file") from None
+        rows = len(lines) - (1 if partition.suffix == ".csv" else 0)
+        if rows != FULL_ROWS:
+            warn.append(_subset_warning(partition, rows))
+    identity: list[object] = ["CelebA"]
+    for name in ANNOTATIONS:
+        path = root / name
+        if not path.is_file():
+            continue
+        facts = memo.file(path)
+        expected = ANNOTATION_MD5.get(name)
+        if rows == FULL_ROWS and expected is not None and facts["md5"] != expected:
+            raise DataError(f"checksum mismatch for {path}: md5 {facts['md5']}, expected {expected}; replace the file")
+        files.append({"path": relative(path, base), "size": facts["size"], "sha256": facts["sha256"]})
+        identity.append((name, facts["sha256"]))
+    images = root / "img_align_celeba"
+    facts = memo.folder(images, [p for p in images.iterdir() if p.is_file()])
+    files.append({"path": relative(images, base), "files": facts["files"], "size": facts["size"],
+                  "sha256": facts["sha256"]})
+    identity.append(("img_align_celeba", facts["sha256"]))
+    return SourceRecord("CelebA", str(base.resolve()), tuple(files), fingerprint_of(tuple(identity)), tuple(warn))

@@ -13,7 +13,8 @@ Searched under the data root, in order:
 
 When nothing is found and downloading is allowed, ``cifar-10-python.tar.gz`` is
 downloaded from the canonical address and checked. Decoded image folders are cached
-(``FEDHV_CACHE``) under the sha256 of the archive / the sorted file list.
+(``FEDHV_CACHE``) under the content fingerprint of the tar / of every image file
+(:func:`cifar_source`, digests memoised by size and mtime).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from PIL import Image
 
 from fedhv.data.cache import cache_key, cached_arrays
 from fedhv.data.files import data_root
+from fedhv.data.provenance import DigestMemo, SourceRecord, fingerprint_of, relative
 from fedhv.errors import DataError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -148,9 +150,8 @@ def read_image_tar(path: Path) -> dict[str, Split]:
         raise DataError(f"{path}: unreadable tar archive ({exc})") from None
 
 
-def read_image_folder(folder: Path) -> dict[str, Split]:
-    """Image-folder layout ``train/<class>/*`` + ``test/<class>/*`` on disk."""
-    entries = sorted(
+def _folder_entries(folder: Path) -> list[tuple[str, str, str]]:
+    return sorted(
         (split, cls, f.name)
         for split in ("train", "test")
         for cls in CLASSES
@@ -158,19 +159,74 @@ def read_image_folder(folder: Path) -> dict[str, Split]:
         for f in (folder / split / cls).iterdir()
         if f.name.lower().endswith(IMAGE_SUFFIXES)
     )
+
+
+def read_image_folder(folder: Path) -> dict[str, Split]:
+    """Image-folder layout ``train/<class>/*`` + ``test/<class>/*`` on disk."""
+    entries = _folder_entries(folder)
     return _from_entries(entries, lambda e: (folder / e[0] / e[1] / e[2]).read_bytes(), str(folder))
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _locate(base: Path) -> tuple[str, Path] | None:
+    """The first CIFAR-10 layout under ``base``: ``(kind, path)``, kinds batches/archive/folder/tar."""
+    if (base / "cifar-10-batches-py").is_dir():
+        return "batches", base / "cifar-10-batches-py"
+    if (base / ARCHIVE).is_file():
+        return "archive", base / ARCHIVE
+    for sub in IMAGE_FOLDERS:
+        folder = base / sub
+        if (folder / "train").is_dir():
+            return "folder", folder
+        if folder.is_dir():
+            tars = sorted(p for p in folder.iterdir() if p.name.endswith((".tar", ".tar.gz", ".tgz")))
+            if tars:
+                return "tar", tars[0]
+    return None
+
+
+def cifar_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
+    """Record of the CIFAR-10 copy :func:`load_cifar10` would read, or ``None`` when there is none.
+
+    The canonical batches and archive are checked against their published md5s; an image
+    folder is fingerprinted by the content of every image, a tar by its sha256 (memoised).
+
+    Raises
+    ------
+    DataError
+        When a canonical file is missing from ``cifar-10-batches-py/`` or fails its checksum.
+    """
+    found = _locate(base)
+    if found is None:
+        return None
+    kind, path = found
+    files: list[dict[str, object]] = []
+    if kind in ("batches", "archive"):
+        expected = BATCH_MD5 if kind == "batches" else {ARCHIVE: ARCHIVE_MD5}
+        for name, md5 in expected.items():
+            file = path / name if kind == "batches" else path
+            if not file.is_file():
+                raise DataError(f"{path}: missing {name}; the folder must hold data_batch_1..5 and test_batch")
+            facts = memo.file(file)
+            if facts["md5"] != md5:
+                raise DataError(f"checksum mismatch for {file}: md5 {facts['md5']}, expected {md5}; replace the file")
+            files.append({"path": relative(file, base), "size": facts["size"], "sha256": facts["sha256"],
+                          "md5": facts["md5"]})
+        identity: tuple[object, ...] = ("CIFAR-10", "canonical")
+    elif kind == "folder":
+        images = [path / s / c / n for s, c, n in _folder_entries(path)]
+        facts = memo.folder(path, images)
+        files.append({"path": relative(path, base), "files": facts["files"], "size": facts["size"],
+                      "sha256": facts["sha256"]})
+        identity = ("CIFAR-10", "folder", facts["sha256"])
+    else:
+        facts = memo.file(path)
+        files.append({"path": relative(path, base), "size": facts["size"], "sha256": facts["sha256"]})
+        identity = ("CIFAR-10", "tar", facts["sha256"])
+    return SourceRecord("CIFAR-10", str(base.resolve()), tuple(files), fingerprint_of(identity))
 
 
 def _cached(kind: str, digest: str, build: Callable[[], dict[str, Split]]) -> dict[str, Split]:
-    arrays = cached_arrays("cifar10", cache_key(kind=kind, digest=digest, version=1), lambda: {
+    arrays = cached_arrays("cifar10", cache_key(kind=kind, digest=digest, version=2), lambda: {
         f"{s}_{k}": v for s, split in build().items() for k, v in zip(("x", "y"), split)
     })
     return {s: (arrays[f"{s}_x"], arrays[f"{s}_y"]) for s in ("train", "test")}
@@ -179,21 +235,19 @@ def _cached(kind: str, digest: str, build: Callable[[], dict[str, Split]]) -> di
 def load_cifar10(root: str | Path | None = None, download: bool = True) -> dict[str, Split]:
     """CIFAR-10 train (50,000) and test (10,000) images ``[n, 32, 32, 3]`` and labels."""
     base = data_root(root)
-    if (base / "cifar-10-batches-py").is_dir():
-        return read_python_batches(base / "cifar-10-batches-py")
-    if (base / ARCHIVE).is_file():
-        return read_python_archive(base / ARCHIVE)
-    for sub in IMAGE_FOLDERS:
-        folder = base / sub
-        if (folder / "train").is_dir():
-            listing = "\n".join(
-                str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if p.is_file()
-            )
-            return _cached("folder", hashlib.sha256(listing.encode()).hexdigest(), functools.partial(read_image_folder, folder))
-        if folder.is_dir():
-            tars = sorted(p for p in folder.iterdir() if p.name.endswith((".tar", ".tar.gz", ".tgz")))
-            if tars:
-                return _cached("tar", _file_digest(tars[0]), functools.partial(read_image_tar, tars[0]))
+    found = _locate(base)
+    if found is not None:
+        kind, path = found
+        if kind == "batches":
+            return read_python_batches(path)
+        if kind == "archive":
+            return read_python_archive(path)
+        memo = DigestMemo()
+        record = cifar_source(base, memo)
+        memo.save()
+        assert record is not None
+        reader = read_image_folder if kind == "folder" else read_image_tar
+        return _cached(kind, record.fingerprint, functools.partial(reader, path))
     if download:
         from fedhv.data.files import _download
 

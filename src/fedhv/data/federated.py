@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,10 @@ class FederatedData:
         ``{"test": (x, y), "val": (x, y)}``.
     augment : Augment or None
         Training-batch augmentation (``None`` = off).
+    provenance : dict
+        The benchmark's data provenance (``Benchmark.provenance``: root, source files with
+        sizes and digests, warnings, cache file, samples per split), plus
+        ``samples["test_evaluated"]`` when evaluation uses a test subset. Plain JSON.
     """
 
     task_names: tuple[str, ...]
@@ -51,6 +56,7 @@ class FederatedData:
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]]
     augment: Augment | None
     objective: Objective = CLASSIFICATION
+    provenance: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def num_tasks(self) -> int:
@@ -81,6 +87,9 @@ class FederatedData:
             # A seeded random subset: some sources (image folders) are sorted by class.
             keep = np.sort(numpy_rng(0, "test-subset").permutation(len(test_x))[:max_test_samples])
             test_x, test_y = test_x[keep], test_y[keep]
+        provenance = dict(bench.provenance)
+        if provenance and len(test_x) != len(bench.test_x):
+            provenance["samples"] = {**provenance.get("samples", {}), "test_evaluated": len(test_x)}
         return cls(
             task_names=bench.task_names,
             num_classes=bench.num_classes,
@@ -90,4 +99,5 @@ class FederatedData:
             eval_sets={"test": (images(test_x), labels(test_y)), "val": (images(bench.val_x), labels(bench.val_y))},
             augment=bench.augment if augment and bench.augment.active else None,
             objective=bench.objective,
+            provenance=provenance,
         )

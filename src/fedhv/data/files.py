@@ -86,12 +86,17 @@ def verified_bytes(path: Path, f: SourceFile) -> bytes:
     content = read_bytes(path)
     found = hashlib.md5(content).hexdigest()
     if found != f.md5:
-        raise DataError(
-            f"checksum mismatch for {path}: md5 of the decompressed content is {found}, "
-            f"expected {f.md5}. The file is corrupted or not the canonical {f.name}; "
-            "delete it and download or copy it again"
-        )
+        raise checksum_error(path, f, found)
     return content
+
+
+def checksum_error(path: Path, f: SourceFile, found: str) -> DataError:
+    """The error for a file whose decompressed content has md5 ``found`` instead of ``f.md5``."""
+    return DataError(
+        f"checksum mismatch for {path}: md5 of the decompressed content is {found}, "
+        f"expected {f.md5}. The file is corrupted or not the canonical {f.name}; "
+        "delete it and download or copy it again"
+    )
 
 
 def _download(url: str, target: Path) -> None:
@@ -100,6 +105,8 @@ def _download(url: str, target: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=30) as resp:
             shutil.copyfileobj(resp, out)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhv.data.files import SourceDataset, SourceFile, data_root, ensure_files, verified_bytes
+from fedhv.data.files import (
+    SourceDataset, SourceFile, checksum_error, data_root, ensure_files, find_file, verified_bytes,
+)
+from fedhv.data.provenance import DigestMemo, SourceRecord, fingerprint_of, relative
 from fedhv.errors import DataError
 
 # md5 of the decompressed canonical files (published with the data sets; shared/data/README.md).
@@ -87,6 +90,37 @@ def load_idx_dataset(
             raise DataError(f"{ds.name} {split}: {len(images)} images but {len(labels)} labels")
         out[split] = (images, labels)
     return out
+
+
+def idx_source(ds: SourceDataset, root: Path, memo: DigestMemo) -> SourceRecord | None:
+    """Verify the files of ``ds`` present under ``root``; their record, or ``None`` if any is missing.
+
+    Every present file is checked against its published md5 (of the decompressed
+    content), through the digest memo, so a warm derived cache never hides a corrupted
+    source.
+
+    Raises
+    ------
+    DataError
+        When a present file is unreadable or its checksum does not match.
+    """
+    files: list[dict[str, object]] = []
+    complete = True
+    for f in ds.files:
+        path = find_file(root, ds, f)
+        if path is None:
+            complete = False
+            continue
+        facts = memo.file(path, gunzip=path.suffix == ".gz")
+        content_md5 = facts.get("md5_gunzip", facts["md5"])
+        if content_md5 != f.md5:
+            raise checksum_error(path, f, content_md5)
+        files.append({"path": relative(path, root), "size": facts["size"], "sha256": facts["sha256"],
+                      "md5_content": content_md5})
+    if not complete:
+        return None
+    identity = (ds.name, tuple((f.name, f.md5) for f in ds.files))
+    return SourceRecord(ds.name, str(root.resolve()), tuple(files), fingerprint_of(identity))
 
 
 def load_mnist(root: str | Path | None = None, download: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -8,13 +8,22 @@ losses exactly as FedHV clients do; the reference is
 The adaptive run then restarts from a fresh initialisation; only ``r`` is reused.
 The calibration seeds are independent of the training seed (the paper shares one
 reference across all training seeds).
+
+A stored calibration (``calibration.json`` of a run, or a grid's shared file) carries
+``digest``, the SHA-256 of the canonical JSON of its other fields
+(:func:`calibration_digest`); loading verifies it, so an edited or damaged file is
+refused instead of silently changing the reference.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,12 +31,40 @@ import numpy as np
 from fedhv.algorithms.uniform import Uniform
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
+from fedhv.errors import FedHVError
+from fedhv.experiment.divergence import check_calibration_round, lr_hint
 from fedhv.experiment.loop import RoundRecord, run_rounds
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
 
 #: ``(total, description) -> progress bar`` with ``update()`` and ``close()``.
 ProgressFactory = Callable[[int, str], Any]
+
+
+class CalibrationError(FedHVError):
+    """A stored calibration that is malformed, edited or damaged."""
+
+
+def calibration_digest(data: dict[str, Any]) -> str:
+    """SHA-256 (hex) of ``json.dumps(data without "digest", sort_keys=True, separators=(",", ":"))``.
+
+    Non-finite floats count as ``null`` (what the strict JSON writer stores). JSON
+    floats round-trip exactly, so the digest of a file's parsed content equals the
+    digest of the result that was written.
+    """
+    body = _finite({k: v for k, v in data.items() if k != "digest"})
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _finite(value: Any) -> Any:
+    """Non-finite floats as ``None`` and tuples as lists, as the run directory's strict JSON stores them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 @dataclass
@@ -58,13 +95,45 @@ class CalibrationResult:
     bytes_down: int = 0
     bytes_up: int = 0
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, Any]:
+        """The fields and their ``digest`` (what ``calibration.json`` holds)."""
+        data = dict(self.__dict__)
+        data["digest"] = calibration_digest(data)
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CalibrationResult:
-        """Inverse of :meth:`as_dict` (e.g. a run directory's ``calibration.json``)."""
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any], source: str = "calibration") -> CalibrationResult:
+        """Inverse of :meth:`as_dict` (e.g. a run directory's ``calibration.json``).
+
+        Raises
+        ------
+        CalibrationError
+            When the digest is missing or does not match the fields, or the fields are
+            not those of a calibration; ``source`` names the file in the message.
+        """
+        fix = f"delete {source} to recompute the calibration"
+        if not isinstance(data, dict):
+            raise CalibrationError(f"{source} is not a JSON object; {fix}")
+        names = {f.name for f in fields(cls)}
+        required = {"reference", "max_report", "margin", "seeds"}  # the fields without defaults
+        keys = set(data) - {"digest"}
+        if not required <= keys <= names:
+            raise CalibrationError(f"{source} has the fields {sorted(keys)}, expected {sorted(names)}; {fix}")
+        if "digest" not in data:
+            raise CalibrationError(f"{source} has no digest (written by an older fedhv or edited); {fix}")
+        if data["digest"] != calibration_digest(data):
+            raise CalibrationError(f"{source} was modified after it was written (its digest does not match); {fix}")
+        return cls(**{k: v for k, v in data.items() if k != "digest"})
+
+
+def load_calibration(path: str | Path) -> CalibrationResult:
+    """Read and verify a stored calibration (see :meth:`CalibrationResult.from_dict`)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"{path} cannot be read ({exc}); delete {path} to recompute the calibration") from None
+    return CalibrationResult.from_dict(data, source=str(path))
 
 
 def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> CalibrationResult:
@@ -79,6 +148,8 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
     records: dict[str, list[RoundRecord]] = {}
 
     def on_round(rec: RoundRecord, theta: Any, state: Any) -> None:
+        # No faults are simulated here: a round without a valid reply means the calibration diverged.
+        check_calibration_round(rec.round, rec.skipped, rec.rejected, lr_hint(cfg.lr_local, cfg.lr_global))
         records[current].append(rec)
         if bar is not None:
             bar.update()
@@ -91,7 +162,7 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
         algorithm = Uniform(lr_global=cfg.lr_global, report=True, report_batches=cfg.fedhv.report_batches)
         run_rounds(
             algorithm, engine, data, get_flat(model).clone(), c.rounds,
-            cfg.train.clients_per_round, seed, "calibration", on_round,
+            cfg.train.clients_per_round, seed, "calibration", on_round, validation=cfg.validation,
         )
     if bar is not None:
         bar.close()

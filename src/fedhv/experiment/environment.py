@@ -1,4 +1,4 @@
-"""Provenance of a run: versions, git revision, host."""
+"""Provenance of a run: versions, git revision, host, data."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,9 +31,18 @@ def git_revision() -> str | None:
         return None
 
 
-def environment() -> dict:
-    """Versions and machine facts for ``environment.json``."""
-    return {
+def environment(provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Versions and machine facts for ``environment.json``.
+
+    Parameters
+    ----------
+    provenance : dict, optional
+        The data provenance (``FederatedData.provenance``), stored under ``"data"``: the
+        data root, source files with sizes and digests, warnings (e.g. a CelebA subset,
+        or the derived cache standing in for missing sources), the cache file used or
+        built and the sample counts. Recorded on every run, not only when the cache is built.
+    """
+    env: dict[str, Any] = {
         "fedhv": fedhv.__version__,
         "git_revision": git_revision(),
         "python": sys.version.split()[0],
@@ -44,3 +54,6 @@ def environment() -> dict:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv,
     }
+    if provenance is not None:
+        env["data"] = provenance
+    return env

@@ -16,8 +16,12 @@ options, local training, FedHV's learning rates and report budget), so two setti
 share one exactly when their calibrations would be identical.
 
 Finished runs (``summary.json``) are skipped; interrupted ones are resumed from their
-checkpoints. Jobs run in worker processes (``workers``) with ``threads`` torch threads
-each; the parent shows overall progress from the run directories' ``rounds.jsonl``.
+checkpoints. An existing run counts only when it was made with the configuration the
+grid asks for now (:func:`check_existing_runs`): otherwise the grid refuses to start.
+Jobs run in worker processes (``workers``) with ``threads`` torch threads each; the
+parent shows overall progress from the run directories' ``rounds.jsonl``. Workers die
+with the parent, and Ctrl-C or ``SIGTERM`` cancels the queue and checkpoints the running
+runs (:mod:`fedhv.experiment.grid_worker`).
 """
 
 from __future__ import annotations
@@ -28,16 +32,21 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_for_ready
 from pathlib import Path
 from typing import Any
 
-from fedhv.config import load_config, to_dict
+from fedhv.config import load_config, preset_names, to_dict
+from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
-from fedhv.errors import ConfigError
+from fedhv.errors import ConfigError, FedHVError
+from fedhv.experiment.grid_worker import STOP_GRACE_S, guarded, init_worker, spawning_workers
 from fedhv.results.rundir import write_json
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
@@ -47,13 +56,32 @@ ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "local-steps": ("train.local_steps", (1, 5, 10, 20)),
 }
 PAPER_SEEDS: tuple[int, ...] = (0, 42, 2026)
+#: Config keys (or key prefixes ending in ".") ignored when an existing run is compared
+#: with the grid's job: they say where and how a run executes, not what it computes (the
+#: same algorithm, data and random streams; results differ at most by floating-point
+#: round-off). Where the data is read from and whether it may be downloaded (the files are
+#: checksum-verified, so it is the same data wherever it lives), the device (a run may be
+#: resumed on another one), torch threads (the grid's ``--threads`` is not recorded
+#: either), the batched engine's memory cap and checkpoint placement (resume is exact
+#: whatever the period).
+IGNORED_KEYS: tuple[str, ...] = ("data.root", "data.download", "device", "threads", "engine_chunk", "checkpoint.")
+
+
+class GridError(FedHVError):
+    """A grid that cannot run as asked (e.g. its folder holds runs of another configuration)."""
 
 
 @dataclass(frozen=True)
 class Job:
-    """One run of the grid."""
+    """One run of the grid.
+
+    ``setting`` is the setting's name (the run folder's name); ``source`` is what the
+    worker loads: a preset name, or the absolute path of a TOML file (so that it resolves
+    whatever the worker's working directory).
+    """
 
     setting: str
+    source: str
     method: str
     seed: int
     run_dir: str
@@ -66,9 +94,9 @@ class Job:
 
 @dataclass(frozen=True)
 class CalibrationJob:
-    """A shared calibration: computed once, written to ``path``."""
+    """A shared calibration: computed once, written to ``path`` (``source`` as in :class:`Job`)."""
 
-    setting: str
+    source: str
     overrides: tuple[str, ...]
     path: str
     rounds: int
@@ -76,6 +104,11 @@ class CalibrationJob:
 
 def _value_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def setting_source(setting: str) -> str:
+    """What workers load for SETTING: a preset name as given, a TOML file by absolute path."""
+    return setting if setting in preset_names() else str(Path(setting).resolve())
 
 
 def calibration_key(cfg: RunConfig) -> str:
@@ -89,6 +122,9 @@ def calibration_key(cfg: RunConfig) -> str:
         "engine": cfg.engine,
         "dtype": cfg.dtype,
     }
+    v = cfg.validation
+    if v.max_update_norm or v.max_update_norm_ratio:  # reply norm bounds also filter calibration replies
+        relevant["update_norm_bounds"] = [v.max_update_norm, v.max_update_norm_ratio]
     text = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -109,6 +145,7 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
     jobs: list[Job] = []
     calibrations: dict[str, CalibrationJob] = {}
     for setting in settings:
+        source = setting_source(setting)
         for sweep in sweeps:
             variants: list[tuple[str, Any] | None] = [None]
             if sweep is not None:
@@ -119,7 +156,7 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                 for method in methods:
                     for seed in seeds:
                         job_over = (*overrides, *extra, f"method={json.dumps(method)}", f"seed={seed}")
-                        cfg = load_config(setting, job_over)
+                        cfg = load_config(source, job_over)
                         name = cfg.setting
                         folder = out / name
                         if variant is not None:
@@ -127,17 +164,17 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                         cal_path = None
                         if method == "fedhv" and cfg.fedhv.reference == "calibrate":
                             # The variant does not change the reference (paper: one per family).
-                            base = load_config(setting, (*overrides, 'method="fedhv"'))
+                            base = load_config(source, (*overrides, 'method="fedhv"'))
                             key = calibration_key(base)
                             path = out / "calibration" / f"{base.data.benchmark}-{key}.json"
                             cal_path = str(path)
                             if cal_path not in calibrations:
                                 c = base.calibration
                                 calibrations[cal_path] = CalibrationJob(
-                                    setting, (*overrides, 'method="fedhv"'), cal_path, c.rounds * len(c.seeds)
+                                    source, (*overrides, 'method="fedhv"'), cal_path, c.rounds * len(c.seeds)
                                 )
-                        jobs.append(Job(name, method, seed, str(folder / method / f"s{seed}"), tuple(job_over),
-                                        sweep, variant, cal_path, cfg.rounds))
+                        jobs.append(Job(name, source, method, seed, str(folder / method / f"s{seed}"),
+                                        tuple(job_over), sweep, variant, cal_path, cfg.rounds))
     return jobs, list(calibrations.values())
 
 
@@ -149,6 +186,73 @@ def job_state(job: Job) -> str:
     if (path / "config.toml").exists():
         return "partial"
     return "new"
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> ``{"a.b": value}``."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _ignored(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED_KEYS)
+
+
+def config_differences(job: Job) -> dict[str, tuple[Any, Any]]:
+    """Keys whose value in the run directory's ``config.toml`` differs from the job's.
+
+    Both sides are resolved configurations (``to_dict``); keys in :data:`IGNORED_KEYS` are
+    left out. Returns ``{key: (value in the run, value in the job)}``, ``None`` for unset;
+    an unreadable ``config.toml`` is reported under the key ``"config.toml"``.
+    """
+    wanted = _flatten(to_dict(load_config(job.source, job.overrides)))
+    try:
+        found = _flatten(to_dict(config_from_toml_text((Path(job.run_dir) / "config.toml").read_text())))
+    except (OSError, FedHVError) as exc:
+        return {"config.toml": (f"unreadable ({exc})", "a valid run configuration")}
+    keys = sorted((set(wanted) | set(found)) - {k for k in set(wanted) | set(found) if _ignored(k)})
+    return {k: (found.get(k), wanted.get(k)) for k in keys if found.get(k) != wanted.get(k)}
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else json.dumps(value)
+
+
+def check_existing_runs(jobs: Sequence[Job], out: Path) -> None:
+    """Refuse a grid whose folder holds finished or partial runs of another configuration.
+
+    A run directory counts as the job's (skipped when finished, resumed when partial)
+    only if its ``config.toml`` matches the job's resolved configuration (see
+    :func:`config_differences`). Called before anything runs or is written.
+
+    Raises
+    ------
+    GridError
+        Naming the runs, the differing keys with both values, and the fixes.
+    """
+    stale: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for job in jobs:
+        if job_state(job) != "new":
+            diff = config_differences(job)
+            if diff:
+                stale[job.run_dir] = diff
+    if not stale:
+        return
+    keys: dict[str, tuple[Any, Any]] = {}
+    for diff in stale.values():
+        for key, values in diff.items():
+            keys.setdefault(key, values)
+    shown = ", ".join(list(stale)[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+    what = "; ".join(f"{k} = {_show(there)} in the run, {_show(here)} in this grid"
+                     for k, (there, here) in keys.items())
+    raise GridError(
+        f"--out {out}: {len(stale)} existing run(s) were made with another configuration ({shown}: {what}); "
+        "rerun the grid with the arguments they were made with, choose another --out, or delete those runs"
+    )
 
 
 def _rounds_done(job: Job, finished: set[str]) -> int:
@@ -166,24 +270,11 @@ def _rounds_done(job: Job, finished: set[str]) -> int:
 # --------------------------------------------------------------------------- workers
 
 
-def _init_worker(threads: int) -> None:
-    """Worker set-up: thread count, allocator tuning (as ``fedhv run`` does), quiet logging."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    import torch
-
-    from fedhv._malloc import tune_allocator
-
-    tune_allocator()
-
-    torch.set_num_threads(threads)
-    logging.getLogger("fedhv").setLevel(logging.ERROR)
-
-
 def _run_calibration(job: CalibrationJob) -> str:
     from fedhv.experiment.methods import resolve_reference
     from fedhv.experiment.setup import federated_data
 
-    cfg = load_config(job.setting, job.overrides)
+    cfg = load_config(job.source, job.overrides)
     _, _, result = resolve_reference(cfg, federated_data(cfg))
     assert result is not None
     Path(job.path).parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +297,7 @@ def _run_job(job: Job) -> dict[str, Any]:
         logger.propagate = False
         if job_state(job) == "partial":
             return resume_experiment(path, progress=False)
-        cfg = load_config(job.setting, job.overrides)
+        cfg = load_config(job.source, job.overrides)
         calibration = None
         if job.calibration is not None:
             calibration = CalibrationResult.from_dict(json.loads(Path(job.calibration).read_text()))
@@ -232,12 +323,77 @@ class GridReport:
     seconds: float = 0.0
 
 
+def _summary_line(run_dir: str, summary: dict[str, Any]) -> str:
+    """``done: DIR: MeanAcc .. WorstAcc .. (.. s)``; metrics a run did not evaluate read ``n/a``."""
+
+    def num(key: str, digits: int) -> str:
+        value = summary.get(key)
+        return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "n/a"
+
+    return f"done: {run_dir}: MeanAcc {num('mean_acc', 2)} WorstAcc {num('worst_acc', 2)} ({num('wall_clock_s', 0)} s)"
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop the grid now: a stop request to every worker, cancel the queue, wait, kill stragglers.
+
+    Workers checkpoint their running run and exit (:mod:`fedhv.experiment.grid_worker`);
+    one still alive after ``STOP_GRACE_S`` seconds (or after a second Ctrl-C) is killed.
+    """
+    # A worker's sentinel becomes ready when it exits, so only live workers (whose PIDs
+    # cannot have been reused) are signalled.
+    processes = [p for p in dict(getattr(pool, "_processes", None) or {}).values()
+                 if not wait_for_ready([p.sentinel], timeout=0)]
+    for proc in processes:
+        try:
+            os.kill(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    sentinels = {proc.sentinel: proc for proc in processes}
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        while sentinels and time.monotonic() < deadline:
+            for ready in wait_for_ready(list(sentinels), timeout=max(0.0, deadline - time.monotonic())):
+                sentinels.pop(ready)  # type: ignore[call-overload]
+    except KeyboardInterrupt:
+        pass  # a second Ctrl-C: do not wait for the checkpoints
+    finally:
+        for proc in sentinels.values():
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    pool.shutdown(wait=True)  # the workers are gone: let the pool release its queues
+
+
+class GridTerminated(KeyboardInterrupt):
+    """SIGTERM reached the grid process: stopped like Ctrl-C; the CLI exits with ``128 + signum`` (143)."""
+
+    signum = int(signal.SIGTERM)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise GridTerminated(f"terminated by signal {signum} (SIGTERM)")
+
+
 def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, workers: int = 1,
              threads: int | None = None, progress: bool = True) -> GridReport:
-    """Run the calibrations, then the jobs, in ``workers`` processes."""
+    """Run the calibrations, then the jobs, in ``workers`` processes.
+
+    Existing runs are checked first (:func:`check_existing_runs`). Ctrl-C or ``SIGTERM``
+    stops the grid: queued jobs are cancelled (never started), running runs write a
+    checkpoint, and :class:`KeyboardInterrupt` (:class:`GridTerminated` for ``SIGTERM``)
+    is raised once the workers are gone.
+
+    Raises
+    ------
+    GridError
+        When ``out`` holds runs of another configuration (nothing is run or written).
+    """
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     start = time.perf_counter()
+    check_existing_runs(jobs, out)
     out.mkdir(parents=True, exist_ok=True)
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     report = GridReport()
@@ -250,50 +406,62 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     bar = tqdm(total=total, desc="grid", disable=not progress, dynamic_ncols=True, unit="round")
     cal_done = 0
     finished: set[str] = set()
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=init_worker, initargs=(threads, os.getpid()))
 
-        def wait(futures: dict[Future[Any], Any], on_done: Any) -> None:
-            pending = dict(futures)
-            while pending:
-                for fut in [f for f in pending if f.done()]:
-                    item = pending.pop(fut)
-                    on_done(item, fut)
-                done_rounds = sum(_rounds_done(j, finished) for j in jobs) + cal_done
-                bar.n = min(total, done_rounds)
-                running = min(workers, sum(1 for f in pending if f.running()))
-                bar.set_postfix_str(f"runs {len(report.done) + len(report.skipped)}/{len(jobs)} done, "
-                                    f"{running} running, {len(report.failed)} failed", refresh=False)
-                bar.refresh()
-                if pending:
-                    time.sleep(1.0)
+    def wait(futures: dict[Future[Any], Any], on_done: Any) -> None:
+        pending = dict(futures)
+        while pending:
+            for fut in [f for f in pending if f.done()]:
+                item = pending.pop(fut)
+                on_done(item, fut)
+            done_rounds = sum(_rounds_done(j, finished) for j in jobs) + cal_done
+            bar.n = min(total, done_rounds)
+            running = min(workers, sum(1 for f in pending if f.running()))
+            bar.set_postfix_str(f"runs {len(report.done) + len(report.skipped)}/{len(jobs)} done, "
+                                f"{running} running, {len(report.failed)} failed", refresh=False)
+            bar.refresh()
+            if pending:
+                time.sleep(0.5)
 
-        def cal_finished(job: CalibrationJob, fut: Future[Any]) -> None:
-            nonlocal cal_done
-            if fut.exception() is not None:
-                report.failed[job.path] = f"{type(fut.exception()).__name__}: {fut.exception()}"
-            else:
-                cal_done += job.rounds
+    def cal_finished(job: CalibrationJob, fut: Future[Any]) -> None:
+        nonlocal cal_done
+        if fut.exception() is not None:
+            report.failed[job.path] = f"{type(fut.exception()).__name__}: {fut.exception()}"
+        else:
+            cal_done += job.rounds
 
-        wait({pool.submit(_run_calibration, c): c for c in todo_cal}, cal_finished)
+    def job_finished(job: Job, fut: Future[Any]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            report.failed[job.run_dir] = f"{type(exc).__name__}: {exc}"
+            tqdm.write(f"failed: {job.run_dir}: {type(exc).__name__}: {exc}")
+        else:
+            report.done.append(job.run_dir)
+            tqdm.write(_summary_line(job.run_dir, fut.result()))
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        with spawning_workers():  # submit() starts the worker processes
+            cal_futures = {pool.submit(guarded, _run_calibration, c): c for c in todo_cal}
+        wait(cal_futures, cal_finished)
         runnable = [j for j in todo if j.calibration is None or Path(j.calibration).exists()]
         for j in todo:
             if j not in runnable:
                 report.failed[j.run_dir] = f"its calibration {j.calibration} failed"
-
-        def job_finished(job: Job, fut: Future[Any]) -> None:
-            exc = fut.exception()
-            if exc is not None:
-                report.failed[job.run_dir] = f"{type(exc).__name__}: {exc}"
-                tqdm.write(f"failed: {job.run_dir}: {type(exc).__name__}: {exc}")
-            else:
-                report.done.append(job.run_dir)
-                summary = fut.result()
-                tqdm.write(f"done: {job.run_dir}: MeanAcc {summary['mean_acc']:.2f} "
-                           f"WorstAcc {summary['worst_acc']:.2f} ({summary['wall_clock_s']:.0f} s)")
-
-        wait({pool.submit(_run_job, j): j for j in runnable}, job_finished)
-    bar.close()
+        with spawning_workers():
+            job_futures = {pool.submit(guarded, _run_job, j): j for j in runnable}
+        wait(job_futures, job_finished)
+    except BaseException:
+        # Ctrl-C, SIGTERM or a failure of the driver itself: no job may outlive it.
+        _stop_workers(pool)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        bar.close()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     report.seconds = time.perf_counter() - start
     return report

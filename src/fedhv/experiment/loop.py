@@ -12,7 +12,10 @@ import torch
 
 from fedhv.algorithms.base import Algorithm
 from fedhv.algorithms.validation import NoValidReplies
+from fedhv.config.schema import ValidationConfig
 from fedhv.data.federated import FederatedData
+from fedhv.devices import synchronize
+from fedhv.experiment.divergence import check_model, lost_rounds_error, lr_hint
 from fedhv.experiment.setup import sample_clients
 from fedhv.sim.engine import Engine
 from fedhv.sim.faults import FaultInjector
@@ -78,6 +81,7 @@ def run_rounds(
     start_round: int = 0,
     state: Any = None,
     faults: FaultInjector | None = None,
+    validation: ValidationConfig | None = None,
 ) -> tuple[torch.Tensor, Any]:
     """Run ``rounds`` federated rounds from ``theta``.
 
@@ -90,25 +94,44 @@ def run_rounds(
     faults : FaultInjector, optional
         Simulated client faults. A round in which no client returns a valid reply
         keeps ``theta`` and the state unchanged and is recorded with ``skipped``.
+    validation : ValidationConfig, optional
+        Reply norm bounds and divergence checks (default: ``ValidationConfig()``).
 
     Returns
     -------
     theta, state
         Final global model and algorithm state.
+
+    Raises
+    ------
+    DivergenceError
+        When a round's new model is non-finite or exploded (before ``on_round`` sees
+        it, so the last recorded round is the last good one), or after
+        ``validation.divergence_rounds`` rounds in a row lost to non-finite training
+        output (after ``on_round`` recorded the last of them). See
+        :mod:`fedhv.experiment.divergence`.
     """
+    v = validation or ValidationConfig()
+    hint = lr_hint(engine.lr_local, float(getattr(algorithm, "lr_global", float("nan"))))
+    lost = 0  # rounds lost to the clients' own non-finite training output since the last valid reply
     if state is None:
         state = algorithm.init_state(data.num_tasks)
     for t in range(start_round, start_round + rounds):
         clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
-        federation = SimFederation(engine, clients, t, faults)
+        federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio)
+        synchronize(engine.device)  # clock reads wait for the device's queued work
         t0 = time.perf_counter()
         skipped = False
         try:
             result = algorithm.round(state, theta, federation)
+            check_model(theta, result.theta, t + 1, stream, hint, v.max_model_growth)
             theta, state, round_log = result.theta, result.state, result.log
+            lost = 0
         except NoValidReplies:
             skipped, round_log = True, {}
+            lost += 1 if federation.diverged else 0
             log.warning("round %d: no valid client reply; model and task weights kept", t + 1)
+        synchronize(engine.device)
         elapsed = time.perf_counter() - t0
         record = RoundRecord(
             t + 1, clients.tolist(), round_log, federation.client_seconds, elapsed - federation.client_seconds,
@@ -117,4 +140,6 @@ def run_rounds(
         )
         if on_round is not None:
             on_round(record, theta, state)
+        if v.divergence_rounds and lost >= v.divergence_rounds:
+            raise lost_rounds_error(t + 1, stream, lost, federation.diverged[0], hint)
     return theta, state

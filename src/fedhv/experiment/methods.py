@@ -21,6 +21,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
+from fedhv.experiment.divergence import check_calibration_reports, lr_hint
 from fedhv.experiment.setup import federated_data, new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
@@ -51,7 +52,9 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
     """FedHV's training reference ``r`` and where it came from.
 
     A given ``calibration`` (a resumed run's, or one shared across a grid) is reused
-    instead of calibrating again when ``fedhv.reference = "calibrate"``.
+    instead of calibrating again when ``fedhv.reference = "calibrate"``. A calibration,
+    given or fresh, whose reports are non-finite or grew more than tenfold is refused
+    (:func:`fedhv.experiment.divergence.check_calibration_reports`).
     """
     m = data.num_tasks
     spec = cfg.fedhv.reference
@@ -61,6 +64,7 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
                 f"the given calibration has {len(calibration.reference)} reference values but "
                 f"{cfg.data.benchmark} has {m} tasks; calibrate again"
             )
+        check_calibration_reports(calibration.reports, calibration.reference, lr_hint(cfg.lr_local, cfg.lr_global))
         return np.asarray(calibration.reference), "calibration", calibration
     if spec == "calibrate":
         cal_data = data
@@ -68,6 +72,7 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
         if p != cfg.partition:
             cal_data = federated_data(dataclasses.replace(cfg, partition=p))
         result = calibrate(cfg, cal_data, progress)
+        check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global))
         return np.asarray(result.reference), "calibration", result
     if spec == "paper":
         if cfg.data.benchmark not in REFERENCES:
@@ -108,7 +113,7 @@ def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | No
 
 def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
     model = new_model(cfg, data, cfg.seed)
-    return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix)
+    return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix).to(cfg.device)
 
 
 def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,

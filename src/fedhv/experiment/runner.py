@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +22,12 @@ from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.experiment.accounting import RunTotals
-from fedhv.experiment.calibration import CalibrationResult
+from fedhv.experiment.calibration import CalibrationResult, load_calibration
 from fedhv.experiment.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     ResumeError,
+    check_checkpoint,
     config_digest,
     global_rng_state,
     load_checkpoint,
@@ -36,10 +41,91 @@ from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
 from fedhv.metrics import aggregate_metrics, evaluate_tasks
 from fedhv.models import MultiTaskModel, get_flat, set_flat
-from fedhv.results.rundir import RunDir, default_run_dir
+from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir, write_atomic_with
 from fedhv.sim.faults import FaultInjector
 
 log = logging.getLogger("fedhv")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived during a run; handled like Ctrl-C (the last finished round is checkpointed).
+
+    ``signum`` is the signal; the CLI exits with ``128 + signum`` (143).
+    """
+
+    signum = int(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``).
+
+    The run's ``except BaseException`` path then writes a checkpoint of the last fully
+    written round, as for Ctrl-C. Only the first SIGTERM raises (a second one would cut
+    that checkpoint short; it is ignored); the previous handler is restored on exit.
+    Nothing changes outside the main thread (where Python cannot install handlers) or
+    when SIGTERM already has a handler other than the default (e.g. a grid worker's,
+    which raises ``KeyboardInterrupt`` itself, or ``SIG_IGN``).
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back until the block ends (main thread, POSIX).
+
+    A round's bookkeeping (its ``rounds.jsonl`` / ``metrics.jsonl`` lines, the record of
+    what a checkpoint must cover, the checkpoint itself) must not be cut between its
+    steps: an interrupt there would leave a written line that no checkpoint covers.
+    The signal stays pending and is delivered when the block ends, so a stop request is
+    never lost, only delayed by one round's bookkeeping (milliseconds).
+    """
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool = False) -> RunDir:
+    """Create and lock the run directory of a new run of ``cfg``.
+
+    ``out=None`` gives a new ``runs/<setting>-<method>-s<seed>-<time>[-k]``; otherwise
+    see :meth:`RunDir.create` (refuses an empty name, a file, a directory holding a run
+    unless ``overwrite`` and it is finished, and a directory in use).
+    """
+    if out is None:
+        return RunDir.create_default(cfg.setting, cfg.method, cfg.seed)
+    return RunDir.create(out, overwrite=overwrite)
+
+
+def _recorded_threads(path: Path) -> int | None:
+    """``torch_threads`` from the run's ``environment.json`` (None when absent or unreadable)."""
+    try:
+        value = json.loads((path / "environment.json").read_text()).get("torch_threads")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def eval_due(round_done: int, cfg: RunConfig) -> bool:
@@ -88,15 +174,22 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
     return data, build_method(cfg, data, _bar_factory(progress), calibration)
 
 
-def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool = True,
-                   calibration: CalibrationResult | None = None) -> dict[str, Any]:
+def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progress: bool = True,
+                   calibration: CalibrationResult | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Train ``cfg.method`` on ``cfg``'s setting and write the run directory.
 
     Parameters
     ----------
+    out : str, Path or RunDir, optional
+        The run directory: a path (created; refused when it holds any of
+        :data:`~fedhv.results.rundir.RUN_FILES` or another process holds its lock), a
+        :class:`RunDir` already claimed with :func:`claim_run_dir`, or ``None`` for a
+        new default name. The directory stays locked until the run ends.
     calibration : CalibrationResult, optional
         Reuse this calibration instead of running one (FedHV with
         ``fedhv.reference = "calibrate"``).
+    overwrite : bool
+        Replace a *finished* run in ``out`` (never an unfinished one).
 
     Returns
     -------
@@ -104,39 +197,67 @@ def run_experiment(cfg: RunConfig, out: str | Path | None = None, progress: bool
         The run summary (also written to ``summary.json``).
     """
     start = time.perf_counter()
-    # Everything that can fail on bad input (data files, reference checks, calibration)
-    # happens before the run directory is created, so a failed start leaves nothing behind.
-    data, setup = _prepare(cfg, progress, calibration)
-    run = RunDir(Path(out) if out is not None else default_run_dir(cfg.setting, cfg.method, cfg.seed))
-    try:
-        run.write_text("config.toml", dumps(to_dict(cfg)))
-        run.write_json("environment.json", environment())
-        if setup.calibration is not None:
-            run.write_json("calibration.json", setup.calibration.as_dict())
-    except BaseException:
-        run.close()
-        raise
-    return _train(cfg, run, data, setup, None, start, progress)
+    # The directory is claimed and locked first, so a bad --out fails before any data is
+    # loaded; everything that can fail on bad input (data files, reference checks,
+    # calibration) happens before any run file is written, and a failed start removes
+    # what it created, so it leaves nothing behind.
+    run = out if isinstance(out, RunDir) else claim_run_dir(cfg, out, overwrite)
+    with sigterm_as_interrupt():
+        try:
+            data, setup = _prepare(cfg, progress, calibration)
+            run.write_text("config.toml", dumps(to_dict(cfg)))
+            run.write_json("environment.json", environment(data.provenance))
+            if setup.calibration is not None:
+                run.write_json("calibration.json", setup.calibration.as_dict())
+        except BaseException:
+            for name in ("calibration.json", "environment.json", "config.toml"):
+                with contextlib.suppress(OSError):
+                    (run.path / name).unlink(missing_ok=True)
+            run.abandon()
+            raise
+        return _train(cfg, run, data, setup, None, start, progress)
 
 
-def resume_experiment(run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | None = None) -> dict[str, Any]:
     """Continue an interrupted run to its configured number of rounds.
 
     The run restarts from its last checkpoint (round 0 when it has none, reusing its
     calibration); records written after the checkpoint, and a torn last line, are
     removed from ``rounds.jsonl`` and ``metrics.jsonl`` first. The result equals that
-    of an uninterrupted run, timing fields aside.
+    of an uninterrupted run, timing fields aside. ``device`` (e.g. ``"cpu"`` for a run
+    started on a GPU) overrides the configured device; the checkpoint is device-free.
+
+    The run directory is locked (``.lock``) before anything in it is read or truncated:
+    a directory another process is writing fails at once with
+    :class:`~fedhv.results.rundir.RunDirBusy`. Unless ``threads`` is configured, torch
+    uses the thread count recorded in ``environment.json`` (results are bit-exact only
+    with the same count), with one line saying so when that changes it.
     """
     path = Path(run_dir)
-    config_path = path / "config.toml"
-    if not config_path.is_file():
+    if not (path / "config.toml").is_file():
         raise ResumeError(f"{path} is not a fedhv run directory (no config.toml); give the directory of a run")
+    run = RunDir(path)
+    try:
+        with sigterm_as_interrupt():
+            return _resume(path, run, progress, device)
+    finally:
+        run.close()
+
+
+def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None) -> dict[str, Any]:
+    """:func:`resume_experiment` with ``path`` locked by ``run``."""
+    config_path = path / "config.toml"
     if (path / "summary.json").exists():
         summary = json.loads((path / "summary.json").read_text())
         log.info("%s is already complete (summary.json exists); nothing to resume", path)
         return summary
     text = config_path.read_text()
-    cfg = config_from_toml_text(text)
+    cfg = config_from_toml_text(text, device)
+    threads = None if cfg.threads else _recorded_threads(path)
+    if threads is not None and threads != torch.get_num_threads():
+        log.warning("resume: using %d torch threads as recorded in environment.json (not %d): a resume is "
+                    "exact only with the run's thread count", threads, torch.get_num_threads())
+        torch.set_num_threads(threads)
     ckpt = load_checkpoint(path)
     if ckpt is not None and ckpt.config_sha256 != config_digest(text):
         raise ResumeError(
@@ -145,10 +266,13 @@ def resume_experiment(run_dir: str | Path, progress: bool = True) -> dict[str, A
     start = time.perf_counter()
     calibration = None
     if (path / "calibration.json").exists():
-        calibration = CalibrationResult.from_dict(json.loads((path / "calibration.json").read_text()))
+        calibration = load_calibration(path / "calibration.json")  # verifies its digest
     data, setup = _prepare(cfg, progress, calibration)
+    if ckpt is not None:  # round range, model size, state kind and task count
+        check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(new_model(cfg, data, cfg.seed)).numel(),
+                         setup.algorithm.init_state(data.num_tasks))
     for stale in path.glob(".*.*"):  # temporary files of writes cut short by a kill
-        if stale.name.startswith((".checkpoint.pt.", ".summary.json.", ".calibration.json.")):
+        if stale.name.startswith(tuple(f".{name}." for name in RUN_FILES)):
             stale.unlink(missing_ok=True)
     offsets = ckpt.offsets if ckpt is not None else {"rounds.jsonl": 0, "metrics.jsonl": 0}
     for name, offset in offsets.items():
@@ -157,9 +281,10 @@ def resume_experiment(run_dir: str | Path, progress: bool = True) -> dict[str, A
             log.warning("resume: %s", note)
     done = 0 if ckpt is None else ckpt.round
     log.warning("resuming %s at round %d of %d", path, done, cfg.rounds)
-    run = RunDir(path)
-    with open(path / "resumes.jsonl", "a") as fh:
-        fh.write(json.dumps({"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    resumes = JsonlWriter(path / "resumes.jsonl")
+    resumes.append({"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
+                    "torch_threads": torch.get_num_threads()})
+    resumes.close()
     return _train(cfg, run, data, setup, ckpt, start, progress)
 
 
@@ -167,6 +292,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
            start: float, progress: bool) -> dict[str, Any]:
     """The round loop with evaluation, logging and checkpoints, then the final files."""
     try:
+        run.open_logs()
         model = new_model(cfg, data, cfg.seed)
         evaluator = new_model(cfg, data, cfg.seed).eval()
         engine = make_engine(cfg, model, data, cfg.seed, stream="train")
@@ -194,6 +320,11 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             saved["round"] = round_done
 
         def on_round(rec: RoundRecord, theta_new: torch.Tensor, state_new: Any) -> None:
+            with signals_deferred():
+                record_round(rec, theta_new, state_new)
+            bar.update()
+
+        def record_round(rec: RoundRecord, theta_new: torch.Tensor, state_new: Any) -> None:
             totals.add_round(rec)
             record = rec.as_dict()
             record["wall_clock_s"] = time.perf_counter() - loop_start
@@ -213,24 +344,31 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             latest.update(round=rec.round, theta=theta_new, state=state_new, offsets=offsets)
             if checkpoint_due(rec.round, cfg):
                 checkpoint(rec.round, theta_new, state_new, offsets)
-            bar.update()
 
         try:
             theta, _ = run_rounds(
                 setup.algorithm, engine, data, theta, cfg.rounds - done, cfg.train.clients_per_round,
-                cfg.seed, "train", on_round, start_round=done, state=state, faults=faults,
+                cfg.seed, "train", on_round, start_round=done, state=state, faults=faults, validation=cfg.validation,
             )
         except BaseException:
             # Interrupted or failed: keep every fully written round.
             if cfg.checkpoint.enabled and latest and latest["round"] > saved["round"]:
-                checkpoint(latest["round"], latest["theta"], latest["state"], latest["offsets"])
-                log.warning("checkpoint written at round %d; continue with `fedhv run --resume %s`",
-                            latest["round"], run.path)
+                try:
+                    checkpoint(latest["round"], latest["theta"], latest["state"], latest["offsets"])
+                except Exception as exc:  # noqa: BLE001 - e.g. a full disk: report the first error, not this one
+                    log.warning("no checkpoint at round %d (%s); the one of round %d is kept",
+                                latest["round"], exc, saved["round"])
+                else:
+                    log.warning("checkpoint written at round %d; continue with `fedhv run --resume %s`",
+                                latest["round"], run.path)
             raise
         bar.close()
         loop_seconds = time.perf_counter() - loop_start
         set_flat(evaluator, theta)
-        torch.save({"state_dict": evaluator.state_dict(), "round": cfg.rounds}, run.path / "model.pt")
+        buffer = io.BytesIO()
+        cpu_state = {k: v.detach().cpu() for k, v in evaluator.state_dict().items()}  # loadable without a GPU
+        torch.save({"state_dict": cpu_state, "round": cfg.rounds}, buffer)
+        write_atomic_with(run.path / "model.pt", lambda fh: fh.write(buffer.getvalue()))
         summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start)
         run.write_json("summary.json", summary)
         # The run is complete: model.pt and summary.json replace the checkpoint.

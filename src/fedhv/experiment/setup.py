@@ -57,7 +57,11 @@ def federated_data(cfg: RunConfig) -> FederatedData:
 
 
 def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
-    """A freshly initialised model (PyTorch default init from the seed's stream)."""
+    """A freshly initialised model (PyTorch default init from the seed's stream).
+
+    The initialisation is drawn on the CPU and the model then moved to ``cfg.device``,
+    so every device starts from the same parameters.
+    """
     model = build_model(cfg.data.benchmark, data.num_classes)
     default_init(model, torch_generator(seed, "model-init"))
     return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])

@@ -33,7 +33,12 @@ def evaluate_tasks(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096,
     objective: Objective = CLASSIFICATION,
 ) -> tuple[list[float], list[float]]:
-    """Per-task accuracy (%) and mean loss over a whole evaluation set."""
+    """Per-task accuracy (%) and mean loss over a whole evaluation set.
+
+    Runs on the device of ``model`` and ``x``; the returned Python floats are copied
+    from the device, so the call returns only after the device finished (a clock read
+    right after it includes all of the evaluation's GPU work).
+    """
     was_training = model.training
     model.eval()
     losses, correct = per_sample_losses(model, x, y, batch_size, objective)

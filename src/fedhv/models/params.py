@@ -114,3 +114,7 @@ class TaskSlices:
         for h in heads:
             in_head[h] = True
         return cls(torch.nonzero(~in_head).squeeze(1), heads)
+
+    def to(self, device: torch.device | str) -> TaskSlices:
+        """The same index sets on ``device`` (where the gradients they index live)."""
+        return TaskSlices(self.encoder.to(device), tuple(h.to(device) for h in self.heads))

@@ -2,15 +2,23 @@
 
 Reads only files (``config.toml``, ``summary.json``, ``metrics.jsonl``,
 ``rounds.jsonl``, ``calibration.json``, ``grid-job.json``); never imports torch.
+
+Damaged input never stops a table or a figure: a run directory whose ``config.toml``,
+``summary.json`` or ``grid-job.json`` cannot be read (not UTF-8, not valid TOML/JSON,
+fields of the wrong type) is skipped, and a damaged line of ``metrics.jsonl`` /
+``rounds.jsonl`` is skipped while the lines after it are kept; each skip is logged as one
+``warning: skipped PATH ...`` line naming the file (and line). Numbers may be ``null``
+(the writers store NaN and infinities as ``null``); readers treat them as missing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -21,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from fedhv.results.rundir import read_jsonl
+log = logging.getLogger("fedhv")
 
 METHOD_ORDER: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 METHOD_LABELS: dict[str, str] = {"uniform": "Uniform", "fsmgda": "FSMGDA", "fedcmoo": "FedCMOO", "fedhv": "FedHV"}
@@ -66,16 +74,24 @@ class Run:
 
     @cached_property
     def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.path / "metrics.jsonl")
+        return read_records(self.path / "metrics.jsonl")
 
     @cached_property
     def rounds(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.path / "rounds.jsonl")
+        return read_records(self.path / "rounds.jsonl")
 
     @cached_property
     def calibration(self) -> dict[str, Any] | None:
         p = self.path / "calibration.json"
-        return json.loads(p.read_text()) if p.exists() else None
+        if not p.exists():
+            return None
+        data, problem = _parse(p, json.loads)
+        if problem is None and not isinstance(data, dict):
+            problem = "not a JSON object"
+        if problem is not None:
+            log.warning(f"skipped {p}: {problem}")
+            return None
+        return data
 
     def config_value(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.config
@@ -96,8 +112,189 @@ class Run:
         return (scheduled or self.metrics)[-n:]
 
 
+#: Record and summary fields the tables and figures read, by kind (each may be ``null``).
+NUMBER_FIELDS: tuple[str, ...] = (
+    "mean_acc", "worst_acc", "mean_loss", "hv", "wall_clock_s", "min_report_slack", "floor_activations",
+    "floor_checks", "bytes_down_per_client_round", "bytes_up_per_client_round", "seconds", "bytes_down", "bytes_up",
+)
+LIST_FIELDS: tuple[str, ...] = ("task_acc", "task_loss", "weights", "reference")
+TABLE_FIELDS: tuple[str, ...] = ("calibration", "end_to_end")
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _field_problem(record: dict[str, Any]) -> str | None:
+    """Why ``record`` cannot be read (a field of the wrong type), or None."""
+    for key in NUMBER_FIELDS:
+        if key in record and not _is_number(record[key]):
+            return f"{key!r} is not a number"
+    for key in LIST_FIELDS:
+        if key in record and not (record[key] is None or (isinstance(record[key], list)
+                                                         and all(_is_number(v) for v in record[key]))):
+            return f"{key!r} is not a list of numbers"
+    for key in TABLE_FIELDS:
+        if key in record and record[key] is not None:
+            if not isinstance(record[key], dict):
+                return f"{key!r} is not a JSON object"
+            problem = _field_problem(record[key])
+            if problem is not None:
+                return f"{key}.{problem}"
+    return None
+
+
+def _summary_problem(summary: Any) -> str | None:
+    """Why a parsed ``summary.json`` cannot be used, or None."""
+    if not isinstance(summary, dict):
+        return "not a JSON object"
+    for key in ("setting", "method"):
+        if key in summary and not isinstance(summary[key], str):
+            return f"{key!r} is not a string"
+    if "seed" in summary and not (isinstance(summary["seed"], int) and not isinstance(summary["seed"], bool)):
+        return "'seed' is not an integer"
+    tasks = summary.get("tasks")
+    if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+        return "'tasks' is not a list of names"
+    return _field_problem(summary)
+
+
+def _config_problem(config: dict[str, Any]) -> str | None:
+    """Why a parsed ``config.toml`` cannot be used (a read key of the wrong type), or None."""
+    for key in ("setting", "method"):
+        if key in config and not isinstance(config[key], str):
+            return f"{key!r} is not a string"
+    if "seed" in config and not (isinstance(config["seed"], int) and not isinstance(config["seed"], bool)):
+        return "'seed' is not an integer"
+    for table, key in (("eval", "test_period"), ("train", "clients_per_round")):
+        section = config.get(table, {})
+        if not isinstance(section, dict):
+            return f"[{table}] is not a table"
+        value = section.get(key, 0)
+        if not (isinstance(value, int) and not isinstance(value, bool)):
+            return f"{table}.{key} is not an integer"
+    return None
+
+
+def _record_problem(record: Any) -> str | None:
+    """Why a parsed JSON-lines record cannot be used, or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if not (isinstance(record.get("round"), int) and not isinstance(record.get("round"), bool)):
+        return "no integer 'round'"
+    return _field_problem(record)
+
+
+def _read_text(path: Path) -> str:
+    """UTF-8 text of ``path`` (``UnicodeDecodeError`` / ``OSError`` propagate)."""
+    return path.read_bytes().decode("utf-8")
+
+
+def _reason(exc: BaseException) -> str:
+    """A short description of why a file could not be read."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return f"not valid TOML ({exc})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc})"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, OSError):
+        return f"cannot be read ({exc.strerror or exc})"
+    return str(exc)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every valid record of a JSON-lines file.
+
+    A damaged line (not UTF-8, not valid JSON, not an object with an integer ``round``,
+    or a read field of the wrong type) is skipped with one warning naming the file and the
+    1-based line number; the lines after it are kept. A missing file has no records.
+    """
+    if not path.exists():
+        return []
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        log.warning(f"skipped {path}: {_reason(exc)}")
+        return []
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            problem: str | None = "not UTF-8 text"
+        except (ValueError, RecursionError):
+            problem = "not valid JSON"
+        else:
+            problem = _record_problem(record)
+        if problem is not None:
+            log.warning(f"skipped {path} line {number}: {problem}")
+            continue
+        records.append(record)
+    return records
+
+
+def _parse(path: Path, loads: Callable[[str], Any]) -> tuple[Any, str | None]:
+    """``loads`` of the UTF-8 text of ``path``, or None and why it failed."""
+    try:
+        return loads(_read_text(path)), None
+    except (OSError, ValueError, RecursionError) as exc:  # JSON / TOML / Unicode errors are ValueErrors
+        return None, _reason(exc)
+
+
+def _job_problem(job: Any) -> str | None:
+    """Why a parsed ``grid-job.json`` cannot be used, or None."""
+    if not isinstance(job, dict):
+        return "not a JSON object"
+    variant = job.get("variant")
+    if not (variant is None or variant == [] or (isinstance(variant, list) and len(variant) == 2
+                                                  and isinstance(variant[1], (str, int, float)))):
+        return "'variant' is not [key, value] or null"
+    if job.get("ablation") is not None and not isinstance(job["ablation"], str):
+        return "'ablation' is not a string"
+    return None
+
+
+def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None:
+    """The run in ``folder``, or None (with a warning naming the file) when a file is damaged."""
+    config, problem = _parse(config_path, tomllib.loads)
+    if problem is None:
+        problem = _config_problem(config)
+    if problem is not None:
+        log.warning(f"skipped {config_path}: {problem} (run left out)")
+        return None
+    summary, problem = _parse(summary_path, json.loads)
+    if problem is None:
+        problem = _summary_problem(summary)
+    if problem is not None:
+        log.warning(f"skipped {summary_path}: {problem} (run left out)")
+        return None
+    variant, ablation = None, None
+    job_path = folder / "grid-job.json"
+    if job_path.exists():
+        job, problem = _parse(job_path, json.loads)
+        if problem is None:
+            problem = _job_problem(job)
+        if problem is not None:
+            log.warning(f"skipped {job_path}: {problem} (run left out)")
+            return None
+        ablation = job.get("ablation")
+        if job.get("variant"):
+            variant = (str(job["variant"][0]), job["variant"][1])
+    return Run(folder, config, summary, variant, ablation)
+
+
 def find_runs(root: Path | str) -> tuple[list[Run], list[Path]]:
-    """Finished runs under ``root`` (recursively) and unfinished run directories."""
+    """Finished runs under ``root`` (recursively) and unfinished run directories.
+
+    A run directory is a folder with a ``config.toml``; it is finished when it has a
+    ``summary.json``. Runs with a damaged file are left out with a warning (see the
+    module docstring); the others are returned.
+    """
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"{root}: no such directory")
@@ -111,16 +308,9 @@ def find_runs(root: Path | str) -> tuple[list[Run], list[Path]]:
         if not summary_path.exists():
             unfinished.append(folder)
             continue
-        config = tomllib.loads(config_path.read_text())
-        summary = json.loads(summary_path.read_text())
-        variant, ablation = None, None
-        job_path = folder / "grid-job.json"
-        if job_path.exists():
-            job = json.loads(job_path.read_text())
-            ablation = job.get("ablation")
-            if job.get("variant"):
-                variant = (str(job["variant"][0]), job["variant"][1])
-        runs.append(Run(folder, config, summary, variant, ablation))
+        run = _load_run(folder, config_path, summary_path)
+        if run is not None:
+            runs.append(run)
     return runs, unfinished
 
 

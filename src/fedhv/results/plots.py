@@ -9,6 +9,10 @@
 - ``ablation-<setting>-<parameter>``: FedHV MeanAcc curves of an ablation sweep.
 
 A band is drawn where at least two seeds exist; a curve keeps the rounds all its seeds have.
+
+matplotlib is an optional dependency (``pip install 'fedhv[plot]'``); without it
+:func:`require_matplotlib` raises :class:`PlotDependencyError` (the CLI prints it as one
+``error:`` line) before any run directory is read.
 """
 
 from __future__ import annotations
@@ -19,16 +23,48 @@ from typing import Any
 
 import numpy as np
 
+from fedhv.errors import FedHVError
 from fedhv.results.collect import Run, group, method_label, ordered_methods, ordered_settings, setting_label
 
 COLORS = {"uniform": "#7f7f7f", "fsmgda": "#1f77b4", "fedcmoo": "#2ca02c", "fedhv": "#d62728"}
 METRICS = (("mean_acc", "MeanAcc (%)"), ("worst_acc", "WorstAcc (%)"), ("mean_loss", "MeanLoss"), ("hv", "HV"))
 
 
-def _plt() -> Any:
-    import matplotlib
+class PlotDependencyError(FedHVError, ImportError):
+    """matplotlib, needed for figures, cannot be imported."""
 
-    matplotlib.use("Agg")
+
+def require_matplotlib() -> Any:
+    """Import matplotlib with the non-interactive ``Agg`` backend.
+
+    Raises
+    ------
+    PlotDependencyError
+        When matplotlib is missing or broken, with the install command.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+    except ImportError as exc:
+        raise PlotDependencyError(
+            f"fedhv plot needs matplotlib, which cannot be imported ({exc}); "
+            "install it with: pip install 'fedhv[plot]'"
+        ) from None
+    return matplotlib
+
+
+def supported_formats() -> list[str]:
+    """File formats matplotlib can save figures in (``png``, ``pdf``, ``svg``, ...)."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def _plt() -> Any:
+    require_matplotlib()
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.frameon": False,

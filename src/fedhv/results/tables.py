@@ -169,7 +169,7 @@ def table7(runs: Sequence[Run], paper: bool = False) -> Table:
         active = sum(int(r.summary.get("floor_activations") or 0) for r in rs)
         checks = sum(int(r.summary.get("floor_checks") or 0) for r in rs)
         ref = rs[0].summary.get("reference") or []
-        cells = [Cell(text="(" + ", ".join(f"{v:.4f}" for v in ref) + ")"),
+        cells = [Cell(text="(" + ", ".join(f"{v:.4f}" if v is not None else "–" for v in ref) + ")"),
                  Cell(text=f"{min(slacks):.4f}" if slacks else "–"),
                  Cell(text=f"{active}/{checks}"), Cell(text=str(len(rs)))]
         theirs = None

@@ -9,6 +9,9 @@ independent, so row ``c`` of the gradient is copy ``c``'s gradient) and applies 
 momentum to all rows. ``chunk`` bounds how many copies run at once (memory).
 Reports are one evaluation pass over the union of the clients' report samples, since
 every client evaluates the same ``theta^t``.
+
+The copies' plans are stacked once per round (:func:`~fedhv.sim.plan.stack_plans`,
+on the engine's device), so a local step only slices them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import set_flat
 from fedhv.sim.engine import Engine
 from fedhv.sim.local import rotate
-from fedhv.sim.plan import ClientPlan
+from fedhv.sim.plan import ClientPlan, stack_plans
 
 
 class BatchedEngine(Engine):
@@ -57,26 +60,25 @@ class BatchedEngine(Engine):
         return torch.stack([part.mean(0) for part in torch.split(losses, [len(i) for i in idx])])
 
     def _copies(self, clients: np.ndarray, weights: np.ndarray, round_idx: int, steps: int, tag: str
-                ) -> tuple[list[ClientPlan], torch.Tensor]:
-        """Plans and per-copy task weights ``[n, m]`` of all (client, row) copies."""
+                ) -> tuple[ClientPlan, torch.Tensor]:
+        """Stacked plan (``[n, ...]``) and per-copy task weights ``[n, m]`` of all (client, row) copies."""
         plans = [self.plan(int(c), round_idx, steps, tag, t) for c in clients for t in range(len(weights))]
         w = self.as_tensor(np.tile(np.asarray(weights), (len(clients), 1)))
-        return plans, w
+        return stack_plans(plans), w
 
-    def _losses(self, params: torch.Tensor, plans: list[ClientPlan], step: int, w: torch.Tensor) -> torch.Tensor:
+    def _losses(self, params: torch.Tensor, plan: ClientPlan, step: int, w: torch.Tensor) -> torch.Tensor:
         """Sum over copies of the weighted task losses on each copy's step-``step`` batch."""
-        n, b = len(plans), self.batch_size
-        idx = torch.stack([p.batches[step] for p in plans]).reshape(-1)
+        n, b = plan.batches.shape[0], self.batch_size
+        idx = plan.batches[:, step].reshape(-1)
         x = self.data.train_x[idx]
-        if plans[0].angles is not None:
+        if plan.angles is not None:
             mode = self.data.augment.interpolation if self.data.augment else "bilinear"
-            x = rotate(x, torch.stack([p.angles[step] for p in plans if p.angles is not None]).reshape(-1), mode)
+            x = rotate(x, plan.angles[:, step].reshape(-1), mode)
         x = x.view(n, b, *x.shape[1:])
-        if plans[0].flips is not None:
-            flip = torch.stack([p.flips[step] for p in plans if p.flips is not None])
-            x = torch.where(flip.view(n, 1, 1, 1, 1), x.flip(-1), x)
+        if plan.flips is not None:
+            x = torch.where(plan.flips[:, step].view(n, 1, 1, 1, 1), x.flip(-1), x)
         y = self.data.train_y[idx].view(n, b, -1)
-        masks = {site: torch.stack([p.masks[site][step] for p in plans]) for site in plans[0].masks}
+        masks = {site: m[:, step] for site, m in plan.masks.items()}
         logps = self._forward(self.layout.views(params), x, masks)
         return (self.data.objective.batch_losses(logps, y) * w).sum()
 
@@ -85,11 +87,11 @@ class BatchedEngine(Engine):
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:
-        plans, w = self._copies(clients, weights, round_idx, 1, "grads")
+        plan, w = self._copies(clients, weights, round_idx, 1, "grads")
         out = []
-        for part in self._chunks(len(plans)):
+        for part in self._chunks(len(w)):
             params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
-            (grad,) = torch.autograd.grad(self._losses(params, plans[part], 0, w[part]), params)
+            (grad,) = torch.autograd.grad(self._losses(params, plan.select(part), 0, w[part]), params)
             out.append(grad)
         return torch.cat(out).view(len(clients), len(weights), -1)
 
@@ -101,17 +103,18 @@ class BatchedEngine(Engine):
         round_idx: int,
         first_step: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        plans, w = self._copies(clients, weights, round_idx, self.local_steps, "train")
-        first = None if first_step is None else first_step.reshape(len(plans), -1)
+        plan, w = self._copies(clients, weights, round_idx, self.local_steps, "train")
+        first = None if first_step is None else first_step.reshape(len(w), -1)
         out = []
-        for part in self._chunks(len(plans)):
+        for part in self._chunks(len(w)):
+            rows = plan.select(part)
             params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
             buf: torch.Tensor | None = None
             for s in range(self.local_steps):
                 if s == 0 and first is not None:
                     grad = first[part].clone()
                 else:
-                    (grad,) = torch.autograd.grad(self._losses(params, plans[part], s, w[part]), params)
+                    (grad,) = torch.autograd.grad(self._losses(params, rows, s, w[part]), params)
                 with torch.no_grad():
                     if self.momentum:
                         buf = grad if buf is None else buf.mul_(self.momentum).add_(grad)

@@ -11,6 +11,11 @@ The three primitives (see :mod:`fedhv.algorithms.base`):
 - ``reports(theta, clients, round, budget) -> [k, m]``
 - ``gradients(theta, clients, W [T, m], round) -> [k, T, d]``
 - ``train(theta, clients, W [T, m], round, first_step) -> [k, T, d]``
+
+Devices: an engine computes on its model's device (``Engine.device``); the data, the
+plans (drawn on the CPU, :mod:`fedhv.sim.plan`) and the task weights
+(:meth:`Engine.as_tensor`) are on that device, and so are the returned tensors.
+``theta`` must be on it too.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ class Engine:
         Separates e.g. calibration from training randomness.
     eval_batch_size : int
         Chunk size of report evaluation.
+
+    Attributes
+    ----------
+    device : torch.device
+        Where the engine computes: the model's device (the data must be on it).
     """
 
     def __init__(
@@ -68,7 +78,13 @@ class Engine:
         self.seed = seed
         self.stream = stream
         self.eval_batch_size = eval_batch_size
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        self.dtype = first.dtype
+        self.device = first.device
+        if data.train_x.device != self.device:
+            raise ValueError(
+                f"the data is on {data.train_x.device} but the model on {self.device}; put both on one device"
+            )
 
     def plan(self, client: int, round_idx: int, steps: int, tag: str, copy: int) -> ClientPlan:
         """The random choices of one trajectory (or gradient) of ``client``."""
@@ -87,12 +103,13 @@ class Engine:
         x = self.data.train_x[idx]
         if plan.angles is not None:
             x = rotate(x, plan.angles[step], self.data.augment.interpolation if self.data.augment else "bilinear")
-        if plan.flips is not None and bool(plan.flips[step]):
-            x = x.flip(-1)
+        if plan.flips is not None:
+            x = torch.where(plan.flips[step], x.flip(-1), x)  # on the device: no host round trip
         return x, self.data.train_y[idx]
 
     def as_tensor(self, weights: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(weights), dtype=self.dtype)
+        """Task weights (numpy, from the server) as a tensor of the engine's dtype and device."""
+        return torch.as_tensor(np.asarray(weights), dtype=self.dtype, device=self.device)
 
     def reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, budget: int | str) -> torch.Tensor:
         """Task losses ``[k, m]`` at ``theta`` (eval mode, no augmentation)."""

@@ -19,6 +19,9 @@ from fedhv.rng import numpy_rng
 REPORT_GARBAGE: tuple[str, ...] = ("nan", "inf", "negative", "short", "long")
 #: Kinds of garbage a corrupted update / gradient upload is replaced by.
 UPDATE_GARBAGE: tuple[str, ...] = ("nan", "inf", "truncated")
+#: Factor a poisoned update / gradient upload is multiplied by: finite, so it passes the
+#: finiteness and shape checks; only ``validation.max_update_norm(_ratio)`` rejects it.
+POISON_SCALE = 1e30
 
 
 def garbage_report(report: torch.Tensor, kind: str) -> torch.Tensor:
@@ -59,7 +62,7 @@ class FaultInjector:
 
     Parameters
     ----------
-    client_dropout, corrupt_reports, corrupt_updates : float
+    client_dropout, corrupt_reports, corrupt_updates, poison_updates : float
         Probabilities (see :class:`fedhv.config.schema.FaultsConfig`).
     seed : int
         Run seed.
@@ -70,12 +73,13 @@ class FaultInjector:
     client_dropout: float = 0.0
     corrupt_reports: float = 0.0
     corrupt_updates: float = 0.0
+    poison_updates: float = 0.0
     seed: int = 0
     stream: str = "train"
 
     @property
     def active(self) -> bool:
-        return bool(self.client_dropout or self.corrupt_reports or self.corrupt_updates)
+        return bool(self.client_dropout or self.corrupt_reports or self.corrupt_updates or self.poison_updates)
 
     def drops(self, round_idx: int, client: int) -> bool:
         """Whether ``client`` does not answer in round ``round_idx`` (any stage)."""
@@ -98,6 +102,13 @@ class FaultInjector:
                 out = replace(out, deltas=garbage_update(torch.as_tensor(out.deltas), kind))
             if out.gradients is not None:
                 out = replace(out, gradients=garbage_update(torch.as_tensor(out.gradients), kind))
+        # A stream of its own, so turning poisoning on leaves every other fault decision unchanged.
+        if self.poison_updates and (numpy_rng(self.seed, self.stream, "faults", "poison", round_idx, reply.client,
+                                              stage).random() < self.poison_updates):
+            if out.deltas is not None:
+                out = replace(out, deltas=torch.as_tensor(out.deltas) * POISON_SCALE)
+            if out.gradients is not None:
+                out = replace(out, gradients=torch.as_tensor(out.gradients) * POISON_SCALE)
         return out
 
 

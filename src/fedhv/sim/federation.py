@@ -11,7 +11,16 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.base import Replies, Request
-from fedhv.algorithms.validation import NoValidReplies, ReplySpec, reply_problem, split_replies, stack_replies
+from fedhv.algorithms.validation import (
+    NoValidReplies,
+    ReplySpec,
+    is_non_finite,
+    norm_outliers,
+    reply_problem,
+    split_replies,
+    stack_replies,
+)
+from fedhv.devices import synchronize
 from fedhv.sim.engine import Engine
 from fedhv.sim.faults import FaultInjector, dropped_mask, no_faults
 
@@ -35,6 +44,12 @@ class SimFederation:
     client-held tensors (``first_step``) line up with it. A stage in which no client
     is left raises :class:`NoValidReplies`.
 
+    A stage returns exactly the replies that passed validation, as the clients sent them
+    (after any simulated corruption): a reply altered by fault injection that still passes
+    validation is aggregated whether or not another client was rejected in the stage.
+    ``max_update_norm`` / ``max_norm_ratio`` are the optional norm bounds of
+    :class:`~fedhv.algorithms.validation.ReplySpec` (``validation.*``; 0 = off).
+
     Attributes
     ----------
     bytes_down, bytes_up : int
@@ -47,17 +62,23 @@ class SimFederation:
         Clients that did not answer.
     rejected : list of (int, str)
         Clients whose reply was rejected, with the reason.
+    diverged : list of (int, str)
+        The rejections whose reply had non-finite values that fault injection did not
+        put there: the client's own training overflowed (a sign of divergence).
     """
 
-    def __init__(self, engine: Engine, clients: np.ndarray, round_idx: int, faults: FaultInjector | None = None
-                 ) -> None:
+    def __init__(self, engine: Engine, clients: np.ndarray, round_idx: int, faults: FaultInjector | None = None,
+                 max_update_norm: float = 0.0, max_norm_ratio: float = 0.0) -> None:
         self.engine = engine
+        self.max_update_norm = max_update_norm
+        self.max_norm_ratio = max_norm_ratio
         self.round_idx = round_idx
         self.faults = faults or no_faults()
         sampled = np.asarray(clients)
         mask = dropped_mask(self.faults, round_idx, sampled)
         self.dropped: list[int] = sampled[mask].tolist()
         self.rejected: list[tuple[int, str]] = []
+        self.diverged: list[tuple[int, str]] = []
         self._clients = sampled[~mask]
         self.bytes_down = 0
         self.bytes_up = 0
@@ -85,6 +106,7 @@ class SimFederation:
         """Run one stage for the remaining clients, validate and count what crosses the network."""
         if len(self._clients) == 0:
             raise NoValidReplies(self.dropped, self.rejected)
+        synchronize(self.engine.device)  # queued server work is not client time
         start = time.perf_counter()
         e, clients, t = self.engine, self._clients, self.round_idx
         replies = Replies(clients=clients)
@@ -94,6 +116,7 @@ class SimFederation:
             replies.gradients = e.gradients(theta, clients, request.gradients, t)
         if request.train is not None:
             replies.deltas = e.train(theta, clients, request.train, t, request.first_step)
+        synchronize(e.device)  # GPU kernels run asynchronously: wait before reading the clock
         self.client_seconds += time.perf_counter() - start
         self.stages += 1
         self.bytes_down += (nbytes(theta) if request.send_model else 0) + sum(
@@ -112,19 +135,28 @@ class SimFederation:
             report=request.report is not None,
             gradient_rows=0 if request.gradients is None else len(request.gradients),
             train_rows=0 if request.train is None else len(request.train),
+            max_update_norm=self.max_update_norm,
+            max_norm_ratio=self.max_norm_ratio,
         )
-        per_client = split_replies(replies)
-        if self.faults.active:
-            per_client = [self.faults.corrupt(r, self.round_idx, self.stages) for r in per_client]
-        valid, changed = [], False
-        for reply in per_client:
+        sent = split_replies(replies)
+        per_client = [self.faults.corrupt(r, self.round_idx, self.stages) for r in sent] if self.faults.active else sent
+        # corrupt() returns the reply itself when it injects nothing.
+        injected = [r is not s for r, s in zip(per_client, sent)]
+        valid, changed = [], any(injected)
+        for reply, was_injected in zip(per_client, injected):
             problem = reply_problem(reply, spec)
             if problem is None:
                 valid.append(reply)
                 continue
             changed = True
-            self.rejected.append((reply.client, problem))
-            log.warning("round %d: client %d rejected: %s", self.round_idx + 1, reply.client, problem)
+            self._reject(reply.client, problem, own=not was_injected and is_non_finite(problem))
+        outliers = norm_outliers(valid, spec)
+        if any(outliers):
+            changed = True
+            for reply, problem in zip(valid, outliers):
+                if problem is not None:
+                    self._reject(reply.client, problem, own=False)
+            valid = [r for r, problem in zip(valid, outliers) if problem is None]
         if not valid:
             self._clients = self._clients[:0]
             raise NoValidReplies(self.dropped, self.rejected)
@@ -135,3 +167,10 @@ class SimFederation:
             out.reports = out.reports.to(replies.reports.dtype)
         self._clients = out.clients
         return out
+
+    def _reject(self, client: int, problem: str, own: bool) -> None:
+        """Record and log a rejected reply (``own``: non-finite values from the client's own training)."""
+        self.rejected.append((client, problem))
+        if own:
+            self.diverged.append((client, problem))
+        log.warning("round %d: client %d rejected: %s", self.round_idx + 1, client, problem)

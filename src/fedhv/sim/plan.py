@@ -9,6 +9,12 @@ Minibatches follow a shuffling loader with ``drop_last``: the client's local
 indices are permuted, cut into ``floor(S / B)`` batches, and re-permuted when the
 epoch is exhausted (reference code: ``DataLoader(shuffle=True, drop_last=True)``
 restarted when exhausted). A fresh epoch starts every round.
+
+Devices: every draw is made on the CPU from a CPU ``torch.Generator``, so a CPU run
+and a GPU run of the same seed sample the same batches, angles, flips and masks; the
+drawn tensors are then moved to the device of the client's index tensor ``local``
+(the data's device). Engines therefore never receive plan tensors on another
+device than their data.
 """
 
 from __future__ import annotations
@@ -42,18 +48,44 @@ class ClientPlan:
     masks: dict[str, torch.Tensor]
     flips: torch.Tensor | None = None
 
+    def select(self, rows: slice) -> ClientPlan:
+        """Rows ``rows`` of a stacked plan (see :func:`stack_plans`)."""
+        return ClientPlan(
+            self.batches[rows],
+            None if self.angles is None else self.angles[rows],
+            {site: m[rows] for site, m in self.masks.items()},
+            None if self.flips is None else self.flips[rows],
+        )
+
+
+def stack_plans(plans: list[ClientPlan]) -> ClientPlan:
+    """Stack ``n`` plans of equal shape into one with a leading copy dimension.
+
+    ``batches [n, K, B]``, ``angles [n, K, B]``, ``flips [n, K]``,
+    ``masks[site] [n, K, B, features]``; one stack per field and round instead of one
+    per field and local step.
+    """
+    first = plans[0]
+    return ClientPlan(
+        torch.stack([p.batches for p in plans]),
+        None if first.angles is None else torch.stack([p.angles for p in plans if p.angles is not None]),
+        {site: torch.stack([p.masks[site] for p in plans]) for site in first.masks},
+        None if first.flips is None else torch.stack([p.flips for p in plans if p.flips is not None]),
+    )
+
 
 def epoch_batches(local: torch.Tensor, steps: int, batch: int, g: torch.Generator) -> torch.Tensor:
-    """``steps`` minibatches of ``batch`` indices from shuffled epochs of ``local``."""
+    """``steps`` minibatches of ``batch`` indices from shuffled epochs of ``local``.
+
+    The permutations are drawn on the CPU (``g``) and gathered from ``local`` on its
+    device: the result is on ``local``'s device with device-independent values.
+    """
     per_epoch = len(local) // batch
     if per_epoch < 1:
         raise ValueError(f"batch size {batch} exceeds the {len(local)} local samples")
     epochs = -(-steps // per_epoch)
-    rows = []
-    for _ in range(epochs):
-        perm = torch.randperm(len(local), generator=g)[: per_epoch * batch]
-        rows.append(local[perm].view(per_epoch, batch))
-    return torch.cat(rows)[:steps]
+    perms = torch.cat([torch.randperm(len(local), generator=g)[: per_epoch * batch] for _ in range(epochs)])
+    return local[perms.to(local.device)].view(epochs * per_epoch, batch)[:steps]
 
 
 def client_plan(
@@ -74,8 +106,10 @@ def client_plan(
 
     ``tag`` names the client computation (``"train"``, ``"grads"``) and ``copy`` the
     trajectory or gradient index within it, so that every trajectory of every client
-    has its own independent stream.
+    has its own independent stream. Draws are made on the CPU and the plan is moved
+    to ``local``'s device.
     """
+    device = local.device
     keys = (round_idx, client, tag, copy)
     batches = epoch_batches(local, steps, batch, torch_generator(seed, stream, "batches", *keys))
     angles = flips = None
@@ -86,11 +120,13 @@ def client_plan(
             angles = torch.randint(-int(deg), int(deg) + 1, (steps, batch), generator=ga).to(torch.float64)
         else:
             angles = (torch.rand(steps, batch, generator=ga, dtype=torch.float64) * 2 - 1) * deg
+        angles = angles.to(device)
     if augment is not None and augment.flip_prob > 0:
         flips = torch.rand(steps, generator=torch_generator(seed, stream, "flip", *keys)) < augment.flip_prob
+        flips = flips.to(device)
     gd = torch_generator(seed, stream, "dropout", *keys)
     masks = {
-        site: torch.rand(steps, batch, size, generator=gd) >= dropout_p
+        site: (torch.rand(steps, batch, size, generator=gd) >= dropout_p).to(device)
         for site, size in dropout_sites.items()
     }
     return ClientPlan(batches, angles, masks, flips)

@@ -54,6 +54,10 @@ def randomized_svd(
     ``Y = A Omega``, orthonormalised; ``power_iterations`` rounds of ``Q <- qr(A qr(A^T Q))``;
     ``B = Q^T A``; exact SVD of ``B``; keep the top ``rank``: ``L = Q U_r S_r``, ``R = V_r``.
 
+    ``Omega`` is drawn on the CPU from ``generator`` (in float64) and moved to ``a``'s
+    device and dtype, so the sketch does not depend on the device. ``L R^T`` does not
+    depend on the sign conventions of the QR and SVD routines either.
+
     Returns
     -------
     L : Tensor ``[rows, rank]``
@@ -61,7 +65,7 @@ def randomized_svd(
     """
     rows, cols = a.shape
     q = min(rank + math.floor(oversample * rank), rows, cols)
-    omega = torch.randn(cols, q, generator=generator, dtype=torch.float64).to(a.dtype)
+    omega = torch.randn(cols, q, generator=generator, dtype=torch.float64).to(device=a.device, dtype=a.dtype)
     qmat, _ = torch.linalg.qr(a @ omega)
     for _ in range(power_iterations):
         z, _ = torch.linalg.qr(a.T @ qmat)
