@@ -125,7 +125,7 @@ class Report:
             try:
                 with time_box(box):
                     entry = fn()
-            except BaseException as exc:  # noqa: BLE001 - record and continue
+            except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 entry = {"ok": False, "error": f"{type(exc).__name__}: {exc}",

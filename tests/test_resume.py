@@ -16,6 +16,7 @@ import torch
 
 from fedhv.experiment import resume_experiment, run_experiment
 from fedhv.experiment.checkpoint import ResumeError, load_checkpoint, truncate_jsonl
+from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE
 from fedhv.results.rundir import read_jsonl
 
 from conftest import REPO, SMALL
@@ -91,6 +92,11 @@ def test_resume_equals_uninterrupted_run(engine: str, method: str, extra: tuple[
     monkeypatch.setattr(loop.SimFederation, "exchange", original)
     ckpt = load_checkpoint(part)
     assert ckpt is not None and ckpt.round == 3  # the interrupted run saved its last finished round
+    # Rounds 1-3 ran in full and round 4 was stopped at its first exchange: FedHV has one
+    # synchronization stage per round, FedCMOO three (reports, sketches, training; paper B.6).
+    assert calls["n"] == 3 * {"fedhv": 1, "fedcmoo": 3}[method]
+    assert [r["round"] for r in read_jsonl(part / "rounds.jsonl")] == [1, 2, 3]
+    assert [m["round"] for m in read_jsonl(part / "metrics.jsonl")] == [2]
     assert not (part / "summary.json").exists()
     # What a kill during writing leaves: a record of a round after the checkpoint and a torn line.
     with open(part / "rounds.jsonl", "ab") as fh:
@@ -146,25 +152,27 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
-    """A real ``fedhv run`` process killed with SIGKILL mid-run, then ``fedhv run --resume``."""
-    sets = [a for o in [*SMALL, "eval.test_period=2", "partition.samples_per_client=96"] for a in ("--set", o)]
-    common = ["run", "multimnist", "--method", "fedhv", "--rounds", "20", "--quiet", *sets]
+    """A real ``fedhv run`` process killed with SIGKILL mid-run, then ``fedhv run --resume``.
+
+    Deterministic: the test-only hook ``FEDHV_TEST_PAUSE_AFTER_ROUND=5`` stops the run
+    still after round 5 is recorded (checkpoint of round 4, round 5's lines after it), so
+    the kill always lands between a checkpoint and a later record, on any machine.
+    """
+    sets = [a for o in [*SMALL, "eval.test_period=2"] for a in ("--set", o)]
+    common = ["run", "multimnist", "--method", "fedhv", "--rounds", "8", "--quiet", *sets]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     full = tmp_path / "full"
     subprocess.run(_cli(*common, "--out", str(full)), check=True, env=env, capture_output=True, timeout=300)
 
     part = tmp_path / "part"
-    proc = subprocess.Popen(_cli(*common, "--out", str(part)), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cli(*common, "--out", str(part)), env={**env, PAUSE_ENV: "5"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # wait for a checkpoint plus a round written after it
-            ckpt_round = _checkpoint_round(part)
-            if ckpt_round and len(read_jsonl(part / "rounds.jsonl")) > ckpt_round:
-                break
-            if proc.poll() is not None:
-                pytest.fail("the run finished before it could be killed; make it longer")
-            time.sleep(0.02)
+        while not (part / PAUSE_FILE).exists():  # the run writes it, then sleeps until killed
+            assert proc.poll() is None, "the run ended without pausing at round 5"
+            assert time.monotonic() < deadline, "the run did not reach round 5 in 240 s"
+            time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:
@@ -172,22 +180,21 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert not (part / "summary.json").exists()
-    killed_at = len(read_jsonl(part / "rounds.jsonl"))
-    assert 0 < killed_at < 20
-    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=env, capture_output=True, text=True, check=False,
-                          timeout=300)
+    assert (part / PAUSE_FILE).read_text() == "5"
+    assert _checkpoint_round(part) == 4
+    assert [r["round"] for r in read_jsonl(part / "rounds.jsonl")] == [1, 2, 3, 4, 5]
+    assert [m["round"] for m in read_jsonl(part / "metrics.jsonl")] == [2, 4]
+    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "resuming" in done.stderr
+    assert "resuming" in done.stderr and "at round 4 of 8" in done.stderr
+    assert "rounds.jsonl: removed 1 record(s) written after the checkpoint" in done.stderr, done.stderr
     _assert_same_run(full, part)
 
 
 def _checkpoint_round(run: Path) -> int:
-    if not (run / "checkpoint.pt").exists():
-        return 0
-    try:
-        ckpt = load_checkpoint(run)
-    except ResumeError:
-        return 0
+    """Round of ``run``'s checkpoint (0 when it has none)."""
+    ckpt = load_checkpoint(run)
     return 0 if ckpt is None else ckpt.round
 
 

@@ -133,8 +133,12 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def write_json(path: Path, value: dict[str, Any]) -> bool:
     """Write a JSON object atomically; ``False`` (no exception) when the folder is not writable."""
     blob = json.dumps(value, indent=1, sort_keys=True).encode()
+
+    def write(fh: IO[bytes]) -> None:
+        fh.write(blob)
+
     try:
-        atomic_write(path, lambda fh: fh.write(blob))
+        atomic_write(path, write)
     except OSError:
         return False
     return True

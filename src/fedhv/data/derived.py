@@ -110,8 +110,8 @@ def load_derived(
     last = read_json(record_path) if use_cache else None
     if last is not None and _agrees(last, datasets, records):
         path = cache_root() / str(last.get("file", ""))
-        arrays = load_arrays(path) if last.get("file") else None
-        if arrays is not None:
+        cached = load_arrays(path) if last.get("file") else None
+        if cached is not None:
             built = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
             origin = f"{last.get('root')} ({', '.join(f'{d} {fp}' for d, fp in last['fingerprints'].items())})"
             line = f"data: sources missing under {base}; using the cached derived arrays built from {origin} on {built}"
@@ -119,10 +119,10 @@ def load_derived(
             prov = _provenance(base, records, {"file": str(path), "status": "loaded; sources missing"})
             prov.update(sources_missing=missing, built_from=last)
             prov["warnings"] = [*last.get("warnings", []), line]
-            return arrays, prov
+            return cached, prov
     arrays = build()  # raises the missing-file error, or downloads the sources
     records = resolve_sources(datasets, base)
-    info: dict[str, Any] = {"file": None, "status": "disabled"}
+    info = {"file": None, "status": "disabled"}
     if use_cache and all(r is not None for r in records.values()):
         path = cache_root() / f"{name}-{_key(params, records)}.npz"
         info = {"file": str(path), "status": "built" if save_arrays(path, arrays) is None else "built, not saved"}

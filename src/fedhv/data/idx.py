@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from fedhv.data.files import (
-    SourceDataset, SourceFile, checksum_error, data_root, ensure_files, find_file, verified_bytes,
+    SourceDataset,
+    SourceFile,
+    checksum_error,
+    data_root,
+    ensure_files,
+    find_file,
+    verified_bytes,
 )
 from fedhv.data.provenance import DigestMemo, SourceRecord, fingerprint_of, relative
 from fedhv.errors import DataError

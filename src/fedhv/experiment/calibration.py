@@ -33,7 +33,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import FedHVError
 from fedhv.experiment.divergence import check_calibration_round, lr_hint
-from fedhv.experiment.loop import RoundRecord, run_rounds
+from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
 
@@ -136,11 +136,13 @@ def load_calibration(path: str | Path) -> CalibrationResult:
     return CalibrationResult.from_dict(data, source=str(path))
 
 
-def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None) -> CalibrationResult:
+def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
+              federation_factory: FederationFactory | None = None) -> CalibrationResult:
     """Run the uniform-weight calibration and derive the reference.
 
     ``progress(total, description)``, if given, returns a progress bar (``update()``,
-    ``close()``) advanced once per calibration round.
+    ``close()``) advanced once per calibration round. ``federation_factory`` runs the
+    calibration rounds on another back-end (:func:`~fedhv.experiment.loop.run_rounds`).
     """
     c = cfg.calibration
     bar = progress(c.rounds * len(c.seeds), "calibration") if progress is not None else None
@@ -163,6 +165,7 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
         run_rounds(
             algorithm, engine, data, get_flat(model).clone(), c.rounds,
             cfg.train.clients_per_round, seed, "calibration", on_round, validation=cfg.validation,
+            federation_factory=federation_factory,
         )
     if bar is not None:
         bar.close()

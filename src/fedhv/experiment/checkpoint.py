@@ -301,8 +301,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise ResumeError(f"{path} cannot be read ({type(exc).__name__}: {reason}); {_DELETE}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ResumeError(f"{path} is not a fedhv checkpoint of format {FORMAT} (found {found!r}); {_DELETE}")
+        kind = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ResumeError(f"{path} is not a fedhv checkpoint of format {FORMAT} (found {kind!r}); {_DELETE}")
     try:
         ok = isinstance(payload.get("digest"), str) and payload_digest(payload) == payload["digest"]
     except TypeError:

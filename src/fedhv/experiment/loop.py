@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedhv.algorithms.base import Algorithm
@@ -22,6 +23,13 @@ from fedhv.sim.faults import FaultInjector
 from fedhv.sim.federation import SimFederation
 
 log = logging.getLogger("fedhv")
+
+#: ``factory(clients, round_idx, seed, stream)`` -> one round's federation: an
+#: :class:`~fedhv.algorithms.base.Federation` with the accounting attributes of
+#: :class:`~fedhv.sim.federation.SimFederation` (``client_seconds``, ``bytes_down``,
+#: ``bytes_up``, ``stages``, ``dropped``, ``rejected``, ``diverged``). ``None`` in
+#: :func:`run_rounds` means the simulator's ``SimFederation`` over the engine.
+FederationFactory = Callable[[np.ndarray, int, int, str], Any]
 
 
 @dataclass
@@ -82,6 +90,7 @@ def run_rounds(
     state: Any = None,
     faults: FaultInjector | None = None,
     validation: ValidationConfig | None = None,
+    federation_factory: FederationFactory | None = None,
 ) -> tuple[torch.Tensor, Any]:
     """Run ``rounds`` federated rounds from ``theta``.
 
@@ -96,6 +105,11 @@ def run_rounds(
         keeps ``theta`` and the state unchanged and is recorded with ``skipped``.
     validation : ValidationConfig, optional
         Reply norm bounds and divergence checks (default: ``ValidationConfig()``).
+    federation_factory : FederationFactory, optional
+        Builds each round's federation from ``(clients, round, seed, stream)`` (e.g. the
+        Flower back-end, :mod:`fedhv.flower`); ``faults`` then do not apply and
+        ``engine`` only supplies the device and the local learning rate. Default: a
+        :class:`SimFederation` over ``engine``.
 
     Returns
     -------
@@ -118,7 +132,10 @@ def run_rounds(
         state = algorithm.init_state(data.num_tasks)
     for t in range(start_round, start_round + rounds):
         clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
-        federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio)
+        if federation_factory is None:
+            federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio)
+        else:
+            federation = federation_factory(clients, t, seed, stream)
         synchronize(engine.device)  # clock reads wait for the device's queued work
         t0 = time.perf_counter()
         skipped = False

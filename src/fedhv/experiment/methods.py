@@ -22,6 +22,7 @@ from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
 from fedhv.experiment.divergence import check_calibration_reports, lr_hint
+from fedhv.experiment.loop import FederationFactory
 from fedhv.experiment.setup import federated_data, new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
@@ -47,14 +48,17 @@ def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray
 
 
 def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-                      calibration: CalibrationResult | None = None
+                      calibration: CalibrationResult | None = None,
+                      federation_factory: FederationFactory | None = None,
                       ) -> tuple[np.ndarray, str, CalibrationResult | None]:
     """FedHV's training reference ``r`` and where it came from.
 
     A given ``calibration`` (a resumed run's, or one shared across a grid) is reused
     instead of calibrating again when ``fedhv.reference = "calibrate"``. A calibration,
     given or fresh, whose reports are non-finite or grew more than tenfold is refused
-    (:func:`fedhv.experiment.divergence.check_calibration_reports`).
+    (:func:`fedhv.experiment.divergence.check_calibration_reports`). A fresh
+    calibration runs its rounds through ``federation_factory`` when given (e.g. over
+    Flower, whose nodes hold only the training partition).
     """
     m = data.num_tasks
     spec = cfg.fedhv.reference
@@ -70,8 +74,14 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
         cal_data = data
         p = cfg.calibration.partition_for(cfg.partition)
         if p != cfg.partition:
+            if federation_factory is not None:
+                raise ConfigError(
+                    f"calibration.partition ({p}) differs from the training partition, which is all the "
+                    "federation's clients hold; set fedhv.reference (a list of values or \"paper\"), e.g. from "
+                    "a `fedhv run` calibration.json"
+                )
             cal_data = federated_data(dataclasses.replace(cfg, partition=p))
-        result = calibrate(cfg, cal_data, progress)
+        result = calibrate(cfg, cal_data, progress, federation_factory)
         check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global))
         return np.asarray(result.reference), "calibration", result
     if spec == "paper":
@@ -100,14 +110,16 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
 
 
 def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-           calibration: CalibrationResult | None = None) -> MethodSetup:
-    ref, source, cal = resolve_reference(cfg, data, progress, calibration)
+           calibration: CalibrationResult | None = None,
+           federation_factory: FederationFactory | None = None) -> MethodSetup:
+    ref, source, cal = resolve_reference(cfg, data, progress, calibration, federation_factory)
     alg = FedHV(ref, cfg.lr_global, cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
     return MethodSetup(alg, ref.tolist(), source, cal)
 
 
 def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-             calibration: CalibrationResult | None = None) -> MethodSetup:
+             calibration: CalibrationResult | None = None,
+             federation_factory: FederationFactory | None = None) -> MethodSetup:
     return MethodSetup(Uniform(cfg.lr_global))
 
 
@@ -117,13 +129,15 @@ def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
 
 
 def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-            calibration: CalibrationResult | None = None) -> MethodSetup:
+            calibration: CalibrationResult | None = None,
+            federation_factory: FederationFactory | None = None) -> MethodSetup:
     # FSMGDAConfig's fields are FSMGDA's keyword options, name for name.
     return MethodSetup(FSMGDA(_slices(cfg, data), cfg.lr_global, **dataclasses.asdict(cfg.fsmgda)))
 
 
 def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-             calibration: CalibrationResult | None = None) -> MethodSetup:
+             calibration: CalibrationResult | None = None,
+             federation_factory: FederationFactory | None = None) -> MethodSetup:
     # FedCMOOConfig's fields are FedCMOO's keyword options, name for name.
     return MethodSetup(FedCMOO(_slices(cfg, data), cfg.lr_global, seed=cfg.seed, **dataclasses.asdict(cfg.fedcmoo)))
 
@@ -137,6 +151,8 @@ METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {
 
 
 def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-                 calibration: CalibrationResult | None = None) -> MethodSetup:
-    """Build the configured method's algorithm (running calibration if needed and not given)."""
-    return METHOD_BUILDERS[cfg.method](cfg, data, progress, calibration)
+                 calibration: CalibrationResult | None = None,
+                 federation_factory: FederationFactory | None = None) -> MethodSetup:
+    """Build the configured method's algorithm (running calibration if needed and not given;
+    its rounds through ``federation_factory`` when given)."""
+    return METHOD_BUILDERS[cfg.method](cfg, data, progress, calibration, federation_factory)

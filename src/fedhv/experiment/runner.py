@@ -7,12 +7,13 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
@@ -107,6 +108,10 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _write_bytes(fh: BinaryIO, data: bytes) -> None:
+    fh.write(data)
+
+
 def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool = False) -> RunDir:
     """Create and lock the run directory of a new run of ``cfg``.
 
@@ -155,6 +160,28 @@ def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, dat
         else:
             entry[split] = values
     return entry
+
+
+#: Test-only hook (``tests/test_resume.py``): ``FEDHV_TEST_PAUSE_AFTER_ROUND=<n>`` makes a run
+#: stop still after round ``n`` is fully recorded, so a test can SIGKILL it at a known point.
+PAUSE_ENV = "FEDHV_TEST_PAUSE_AFTER_ROUND"
+PAUSE_FILE = ".test-paused"
+
+
+def pause_for_tests(run_path: Path, round_done: int) -> None:
+    """Test-only: after round ``round_done`` named by :data:`PAUSE_ENV`, wait to be killed.
+
+    Called after the round's bookkeeping (lines, checkpoint), outside
+    :func:`signals_deferred`. Writes ``run_path/.test-paused`` (the round) as the signal
+    that the process is paused, then sleeps; after 10 minutes it goes on, so a test that
+    failed to kill it leaves no process behind for long. No effect unless the variable is set.
+    """
+    if os.environ.get(PAUSE_ENV) != str(round_done):
+        return
+    (run_path / PAUSE_FILE).write_text(str(round_done))
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:
@@ -323,6 +350,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             with signals_deferred():
                 record_round(rec, theta_new, state_new)
             bar.update()
+            pause_for_tests(run.path, rec.round)
 
         def record_round(rec: RoundRecord, theta_new: torch.Tensor, state_new: Any) -> None:
             totals.add_round(rec)
@@ -368,7 +396,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         buffer = io.BytesIO()
         cpu_state = {k: v.detach().cpu() for k, v in evaluator.state_dict().items()}  # loadable without a GPU
         torch.save({"state_dict": cpu_state, "round": cfg.rounds}, buffer)
-        write_atomic_with(run.path / "model.pt", lambda fh: fh.write(buffer.getvalue()))
+        write_atomic_with(run.path / "model.pt", lambda fh: _write_bytes(fh, buffer.getvalue()))
         summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start)
         run.write_json("summary.json", summary)
         # The run is complete: model.pt and summary.json replace the checkpoint.

@@ -439,7 +439,7 @@ class RunDir:
             except OSError:
                 break
 
-    def __enter__(self) -> RunDir:
+    def __enter__(self) -> RunDir:  # noqa: PYI034 - RunDir is final in practice
         return self
 
     def __exit__(self, *exc: object) -> None:
