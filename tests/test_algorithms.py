@@ -67,7 +67,9 @@ def test_calibration_reference_is_max_report_plus_margin() -> None:
     # Initial losses of a 10-class head are near ln(10); the reference sits above them.
     assert np.all(np.abs(reports[0] - np.log(10)) < 0.2)
     m = cfg.train.clients_per_round
-    assert result.bytes_down > 0 and result.bytes_up == result.bytes_down + 6 * m * 2 * 4
+    # Per calibration round and client: the float32 model down; the update and the 2-task report up.
+    d = 28_515 + 2 * 3_060  # LeNet encoder + two heads
+    assert result.bytes_down == 6 * m * 4 * d and result.bytes_up == result.bytes_down + 6 * m * 2 * 4
 
 
 def _slices(d_enc: int, head: int, m: int = 2):  # type: ignore[no-untyped-def]

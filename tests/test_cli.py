@@ -42,6 +42,11 @@ def test_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
                 "wall_clock_s", "bytes_down_per_client_round", "bytes_up_per_client_round", "reference"):
         assert summary[key] is not None, key
     assert summary["method"] == "fedhv" and summary["rounds"] == 3 and len(summary["task_acc"]) == 2
+    # The aggregates follow from the per-task values (paper §5.1, C.1: HV with r_eval = 3 * 1).
+    acc, loss = summary["task_acc"], summary["task_loss"]
+    assert summary["mean_acc"] == pytest.approx(sum(acc) / 2) and summary["worst_acc"] == min(acc)
+    assert summary["mean_loss"] == pytest.approx(sum(loss) / 2)
+    assert summary["hv"] == pytest.approx((3 - loss[0]) * (3 - loss[1]))
     d = 28_515 + 2 * 3_060
     assert summary["bytes_down_per_client_round"] == summary["bytes_up_per_client_round"] == 4 * (d + 2)
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]

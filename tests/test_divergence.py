@@ -58,7 +58,8 @@ def test_poisoned_update_stops_the_run_and_the_checkpoint_is_the_last_good_round
         run_experiment(cfg, tmp_path / "run", progress=False)
     ckpt = load_checkpoint(tmp_path / "run")
     assert ckpt is not None and ckpt.round == 2
-    assert torch.isfinite(ckpt.theta).all() and float(ckpt.theta.norm()) < 100
+    # The checkpoint holds the model of round 2, whose norm the error message reports (8.17).
+    assert float(ckpt.theta.norm()) == pytest.approx(8.17, abs=0.005)
     assert [r["round"] for r in read_jsonl(tmp_path / "run" / "rounds.jsonl")] == [1, 2]
 
 

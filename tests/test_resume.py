@@ -77,12 +77,12 @@ def test_resume_equals_uninterrupted_run(engine: str, method: str, extra: tuple[
     from fedhv.experiment import loop
 
     original = loop.SimFederation.exchange
-    calls = {"n": 0}
+    calls: list[int] = []  # round index of every exchange that went through
 
     def failing_exchange(self, theta, request):  # type: ignore[no-untyped-def]
         if self.round_idx == 3:
             raise _Stop
-        calls["n"] += 1
+        calls.append(self.round_idx)
         return original(self, theta, request)
 
     monkeypatch.setattr(loop.SimFederation, "exchange", failing_exchange)
@@ -92,9 +92,12 @@ def test_resume_equals_uninterrupted_run(engine: str, method: str, extra: tuple[
     monkeypatch.setattr(loop.SimFederation, "exchange", original)
     ckpt = load_checkpoint(part)
     assert ckpt is not None and ckpt.round == 3  # the interrupted run saved its last finished round
-    # Rounds 1-3 ran in full and round 4 was stopped at its first exchange: FedHV has one
-    # synchronization stage per round, FedCMOO three (reports, sketches, training; paper B.6).
-    assert calls["n"] == 3 * {"fedhv": 1, "fedcmoo": 3}[method]
+    # FedHV's 2 one-exchange calibration rounds, then rounds 1-3 in full (FedHV: one client
+    # exchange per round; FedCMOO: two, gradient sketches then training, with the sketch
+    # relay as its third stage); round 4 was stopped at its first exchange.
+    exchanges = {"fedhv": 1, "fedcmoo": 2}[method]
+    calibration = [0, 1] if method == "fedhv" else []
+    assert calls == calibration + [t for t in range(3) for _ in range(exchanges)]
     assert [r["round"] for r in read_jsonl(part / "rounds.jsonl")] == [1, 2, 3]
     assert [m["round"] for m in read_jsonl(part / "metrics.jsonl")] == [2]
     assert not (part / "summary.json").exists()
@@ -151,27 +154,41 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedhv.cli", *args]
 
 
-def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+KILL_SETS = [a for o in [*SMALL, "eval.test_period=2"] for a in ("--set", o)]
+KILL_RUN = ["run", "multimnist", "--method", "fedhv", "--rounds", "8", "--quiet", *KILL_SETS]
+
+
+def _kill_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted ``fedhv run`` that the killed-and-resumed runs must equal."""
+    full = tmp_path_factory.mktemp("kill") / "full"
+    subprocess.run(_cli(*KILL_RUN, "--out", str(full)), check=True, env=_kill_env(), capture_output=True, timeout=300)
+    return full
+
+
+@pytest.mark.parametrize(("pause", "checkpoint", "evaluated"), [(5, 4, [2, 4]), (1, 0, [])])
+def test_kill_9_then_resume_matches_uninterrupted_run(pause: int, checkpoint: int, evaluated: list[int],
+                                                      uninterrupted_cli_run: Path, tmp_path: Path) -> None:
     """A real ``fedhv run`` process killed with SIGKILL mid-run, then ``fedhv run --resume``.
 
-    Deterministic: the test-only hook ``FEDHV_TEST_PAUSE_AFTER_ROUND=5`` stops the run
-    still after round 5 is recorded (checkpoint of round 4, round 5's lines after it), so
-    the kill always lands between a checkpoint and a later record, on any machine.
+    Deterministic: the test-only hook ``FEDHV_TEST_PAUSE_AFTER_ROUND=<pause>`` stops the run
+    still once round ``pause`` is recorded, so the kill lands at a known point on any
+    machine: after round 5 (checkpoint of round 4, round 5's line after it), or after
+    round 1, before the first checkpoint (the resume restarts at round 0 and reuses the
+    run's calibration.json).
     """
-    sets = [a for o in [*SMALL, "eval.test_period=2"] for a in ("--set", o)]
-    common = ["run", "multimnist", "--method", "fedhv", "--rounds", "8", "--quiet", *sets]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    full = tmp_path / "full"
-    subprocess.run(_cli(*common, "--out", str(full)), check=True, env=env, capture_output=True, timeout=300)
-
     part = tmp_path / "part"
-    proc = subprocess.Popen(_cli(*common, "--out", str(part)), env={**env, PAUSE_ENV: "5"},
+    proc = subprocess.Popen(_cli(*KILL_RUN, "--out", str(part)), env={**_kill_env(), PAUSE_ENV: str(pause)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         while not (part / PAUSE_FILE).exists():  # the run writes it, then sleeps until killed
-            assert proc.poll() is None, "the run ended without pausing at round 5"
-            assert time.monotonic() < deadline, "the run did not reach round 5 in 240 s"
+            assert proc.poll() is None, f"the run ended without pausing at round {pause}"
+            assert time.monotonic() < deadline, f"the run did not reach round {pause} in 240 s"
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
@@ -180,16 +197,21 @@ def test_kill_9_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert not (part / "summary.json").exists()
-    assert (part / PAUSE_FILE).read_text() == "5"
-    assert _checkpoint_round(part) == 4
-    assert [r["round"] for r in read_jsonl(part / "rounds.jsonl")] == [1, 2, 3, 4, 5]
-    assert [m["round"] for m in read_jsonl(part / "metrics.jsonl")] == [2, 4]
-    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=env, capture_output=True, text=True,
-                          check=False, timeout=300)
+    assert (part / PAUSE_FILE).read_text() == str(pause)
+    assert _checkpoint_round(part) == checkpoint
+    assert [r["round"] for r in read_jsonl(part / "rounds.jsonl")] == list(range(1, pause + 1))
+    assert [m["round"] for m in read_jsonl(part / "metrics.jsonl")] == evaluated
+    calibration = (part / "calibration.json").read_bytes()
+    done = subprocess.run(_cli("run", "--resume", str(part), "--quiet"), env=_kill_env(), capture_output=True,
+                          text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "resuming" in done.stderr and "at round 4 of 8" in done.stderr
+    assert f"resuming {part} at round {checkpoint} of 8" in done.stderr, done.stderr
     assert "rounds.jsonl: removed 1 record(s) written after the checkpoint" in done.stderr, done.stderr
-    _assert_same_run(full, part)
+    assert (part / "calibration.json").read_bytes() == calibration
+    # Reused, not calibrated again: the summary's calibration cost is the stored one, to the bit.
+    summary = json.loads((part / "summary.json").read_text())
+    assert summary["calibration"]["seconds"] == json.loads(calibration)["seconds"]
+    _assert_same_run(uninterrupted_cli_run, part)
 
 
 def _checkpoint_round(run: Path) -> int:
@@ -198,8 +220,40 @@ def _checkpoint_round(run: Path) -> int:
     return 0 if ckpt is None else ckpt.round
 
 
-def test_resume_cli_rejects_extra_arguments(tmp_path: Path) -> None:
+def test_resume_cli_rejects_extra_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--resume`` with a SETTING or an option that would change the run is refused before the
+    directory is touched; the same, genuinely resumable directory resumes without them.
+
+    The directory is that of a real ``fedhv run`` process killed after round 1 (paused by the
+    test-only hook), so the extra argument is the only possible cause of the refusal.
+    """
     from fedhv.cli import main
 
-    assert main(["run", "multimnist", "--resume", str(tmp_path)]) == 2
-    assert main(["run", "--resume", str(tmp_path)]) == 2
+    run = tmp_path / "run"
+    sets = [a for o in SMALL for a in ("--set", o)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", PAUSE_ENV: "1"}
+    proc = subprocess.Popen(_cli("run", "multimnist", "--method", "uniform", "--rounds", "3", "--quiet", *sets,
+                                 "--out", str(run)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / PAUSE_FILE).exists():
+            assert proc.poll() is None, "the run ended without pausing at round 1"
+            assert time.monotonic() < deadline, "the run did not reach round 1 in 240 s"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert _checkpoint_round(run) == 1 and not (run / "summary.json").exists()
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    for extra, flag in [(["multimnist"], "SETTING"), (["--set", "rounds=3"], "--set"), (["--rounds", "3"], "--rounds"),
+                        (["--method", "uniform"], "--method"), (["--seed", "0"], "--seed")]:
+        assert main(["run", *extra, "--resume", str(run), "--quiet"]) == 2, flag
+        err = capsys.readouterr().err
+        assert err.startswith("error: --resume continues a run") and f"drop {flag}" in err, err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # untouched
+    assert main(["run", "--resume", str(run), "--quiet"]) == 0
+    assert "resuming" in capsys.readouterr().err
+    assert [r["round"] for r in read_jsonl(run / "rounds.jsonl")] == [1, 2, 3]
+    assert (run / "summary.json").exists() and not (run / "checkpoint.pt").exists()

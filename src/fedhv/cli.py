@@ -63,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--table", default="all", help="comma-separated table numbers: 1,8,9,11,7,10,13 (default all)")
     table.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     table.add_argument("--paper", action="store_true", help="add the paper's published values and our difference")
+    flower = sub.add_parser("flower", help="real federated runs on Flower (pip install 'fedhv[flower]')")
+    flower_sub = flower.add_subparsers(dest="flower_command", required=True)
+    local = flower_sub.add_parser("local", help="a SuperLink and --nodes SuperNodes on 127.0.0.1, one run")
+    _common(local)
+    local.add_argument("--nodes", type=int, required=True, help="SuperNodes = clients (partition.clients)")
+    local.add_argument("--method", help="fedhv (default), uniform, fsmgda or fedcmoo")
+    local.add_argument("--seed", type=int, help="training seed (default 0)")
+    local.add_argument("--rounds", type=int, help="number of adaptive rounds")
+    local.add_argument("--out", help="run directory, new or empty (default runs/<setting>-<method>-s<seed>-flower-<time>)")
+    local.add_argument("--isolation", choices=["process", "subprocess"], default="process",
+                       help="process (default): one long-lived ClientApp process per SuperNode; subprocess: "
+                       "Flower's fresh process per message")
+    local.add_argument("--stage-timeout", type=float, default=0.0,
+                       help="seconds a stage waits for replies; later ones count as dropped (default 0: wait)")
+    local.add_argument("--quiet", action="store_true", help="no progress bar")
     plot = sub.add_parser("plot", help="learning curves, weights and wall-clock figures (no torch needed)")
     plot.add_argument("dir", help="folder searched recursively for finished run directories")
     plot.add_argument("--out", help="figure folder (default DIR/figures)")
@@ -138,6 +153,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _table(args)
     if args.command == "plot":
         return _plot(args)
+    if args.command == "flower":
+        return _flower(args)
     if not args.setting:
         raise UsageError(f"fedhv {args.command}: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
     cfg = load_config(args.setting, _overrides(args))
@@ -163,6 +180,37 @@ def _dispatch(args: argparse.Namespace) -> int:
     summary = run_experiment(cfg, run, progress=not args.quiet)
     _print_summary(summary)
     print(f"run directory: {run.path}")
+    return 0
+
+
+def _flower(args: argparse.Namespace) -> int:
+    """``fedhv flower local``: every flwr import stays inside fedhv.flower."""
+    from fedhv.flower import require_flwr
+
+    require_flwr()
+    if not args.setting:
+        raise UsageError("fedhv flower local: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    from fedhv.flower.local import local_config, run_local, sigterm_raises
+
+    cfg = local_config(args.setting, args.nodes, _overrides(args))
+    bar = tqdm(total=cfg.rounds, desc=f"flower {cfg.setting} {cfg.method} s{cfg.seed} ({args.nodes} nodes)",
+               disable=args.quiet, dynamic_ncols=True, mininterval=0.5)
+
+    def progress(done: int, total: int) -> None:
+        bar.update(max(min(done, total) - bar.n, 0))
+
+    with sigterm_raises():
+        try:
+            run_dir = run_local(cfg, args.nodes, args.out, isolation=args.isolation,
+                                stage_timeout=args.stage_timeout, progress=progress)
+        finally:
+            bar.close()
+    import json
+
+    _print_summary(json.loads((run_dir / "summary.json").read_text()))
+    print(f"run directory: {run_dir}")
     return 0
 
 

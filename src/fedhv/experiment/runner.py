@@ -37,7 +37,7 @@ from fedhv.experiment.checkpoint import (
     truncate_jsonl,
 )
 from fedhv.experiment.environment import environment
-from fedhv.experiment.loop import RoundRecord, run_rounds
+from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
 from fedhv.metrics import aggregate_metrics, evaluate_tasks
@@ -192,17 +192,18 @@ def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:
     return eval_due(round_done, cfg) or round_done == cfg.rounds or (c.period > 0 and round_done % c.period == 0)
 
 
-def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | None
-             ) -> tuple[FederatedData, MethodSetup]:
+def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | None,
+             federation_factory: FederationFactory | None = None) -> tuple[FederatedData, MethodSetup]:
     """Threads, data and the built method (calibrating unless ``calibration`` is given)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = federated_data(cfg)
-    return data, build_method(cfg, data, _bar_factory(progress), calibration)
+    return data, build_method(cfg, data, _bar_factory(progress), calibration, federation_factory)
 
 
 def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progress: bool = True,
-                   calibration: CalibrationResult | None = None, overwrite: bool = False) -> dict[str, Any]:
+                   calibration: CalibrationResult | None = None, overwrite: bool = False,
+                   federation_factory: FederationFactory | None = None) -> dict[str, Any]:
     """Train ``cfg.method`` on ``cfg``'s setting and write the run directory.
 
     Parameters
@@ -217,6 +218,9 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
         ``fedhv.reference = "calibrate"``).
     overwrite : bool
         Replace a *finished* run in ``out`` (never an unfinished one).
+    federation_factory : FederationFactory, optional
+        Serve the rounds (and a FedHV calibration) from another back-end, e.g. Flower
+        (:mod:`fedhv.flower.server`); default: the simulator.
 
     Returns
     -------
@@ -231,7 +235,7 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
     run = out if isinstance(out, RunDir) else claim_run_dir(cfg, out, overwrite)
     with sigterm_as_interrupt():
         try:
-            data, setup = _prepare(cfg, progress, calibration)
+            data, setup = _prepare(cfg, progress, calibration, federation_factory)
             run.write_text("config.toml", dumps(to_dict(cfg)))
             run.write_json("environment.json", environment(data.provenance))
             if setup.calibration is not None:
@@ -242,10 +246,11 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
                     (run.path / name).unlink(missing_ok=True)
             run.abandon()
             raise
-        return _train(cfg, run, data, setup, None, start, progress)
+        return _train(cfg, run, data, setup, None, start, progress, federation_factory)
 
 
-def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | None = None) -> dict[str, Any]:
+def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | None = None,
+                      federation_factory: FederationFactory | None = None) -> dict[str, Any]:
     """Continue an interrupted run to its configured number of rounds.
 
     The run restarts from its last checkpoint (round 0 when it has none, reusing its
@@ -266,12 +271,13 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | 
     run = RunDir(path)
     try:
         with sigterm_as_interrupt():
-            return _resume(path, run, progress, device)
+            return _resume(path, run, progress, device, federation_factory)
     finally:
         run.close()
 
 
-def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None) -> dict[str, Any]:
+def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
+            federation_factory: FederationFactory | None = None) -> dict[str, Any]:
     """:func:`resume_experiment` with ``path`` locked by ``run``."""
     config_path = path / "config.toml"
     if (path / "summary.json").exists():
@@ -294,7 +300,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None) 
     calibration = None
     if (path / "calibration.json").exists():
         calibration = load_calibration(path / "calibration.json")  # verifies its digest
-    data, setup = _prepare(cfg, progress, calibration)
+    data, setup = _prepare(cfg, progress, calibration, federation_factory)
     if ckpt is not None:  # round range, model size, state kind and task count
         check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(new_model(cfg, data, cfg.seed)).numel(),
                          setup.algorithm.init_state(data.num_tasks))
@@ -312,11 +318,11 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None) 
     resumes.append({"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
                     "torch_threads": torch.get_num_threads()})
     resumes.close()
-    return _train(cfg, run, data, setup, ckpt, start, progress)
+    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory)
 
 
 def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup, ckpt: Checkpoint | None,
-           start: float, progress: bool) -> dict[str, Any]:
+           start: float, progress: bool, federation_factory: FederationFactory | None = None) -> dict[str, Any]:
     """The round loop with evaluation, logging and checkpoints, then the final files."""
     try:
         run.open_logs()
@@ -377,6 +383,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             theta, _ = run_rounds(
                 setup.algorithm, engine, data, theta, cfg.rounds - done, cfg.train.clients_per_round,
                 cfg.seed, "train", on_round, start_round=done, state=state, faults=faults, validation=cfg.validation,
+                federation_factory=federation_factory,
             )
         except BaseException:
             # Interrupted or failed: keep every fully written round.

@@ -17,7 +17,7 @@ matplotlib is an optional dependency (``pip install 'fedhv[plot]'``); without it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +111,11 @@ def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
     return files
 
 
-def _finish(fig: Any, legend_ax: Any, title: str, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
-    """Legend on ``legend_ax``, figure title, save in every format."""
+def _finish(fig: Any, legend_ax: Any, title: str) -> Any:
+    """Legend on ``legend_ax`` and the figure title; returns ``fig``."""
     legend_ax.legend(loc="lower right")
     fig.suptitle(title)
-    return _save(fig, out, stem, formats)
+    return fig
 
 
 def _seeds_note(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> str:
@@ -149,8 +149,8 @@ def _method_lines(ax: Any, groups: dict[tuple[str, Any, str], list[Run]], settin
         _line(ax, x, mean, std, method_label(m), COLORS.get(m))
 
 
-def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
-                    formats: Sequence[str]) -> list[Path]:
+def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any:
+    """``curves-<setting>``: the four test metrics, one line (± 1σ band) per method."""
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
@@ -159,12 +159,11 @@ def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str,
         ax.set_ylabel(label)
     for ax in axes[1]:
         ax.set_xlabel("round")
-    return _finish(fig, axes[0, 0], f"{setting_label(setting)}: test metrics ({_seeds_note(groups, setting)})",
-                   out, f"curves-{setting}", formats)
+    return _finish(fig, axes[0, 0], f"{setting_label(setting)}: test metrics ({_seeds_note(groups, setting)})")
 
 
-def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
-                formats: Sequence[str]) -> list[Path]:
+def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any:
+    """``tasks-<setting>``: per-task accuracy (top row) and loss (bottom row) per method."""
     plt = _plt()
     methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
     tasks = groups[(setting, None, methods[0])][0].summary.get("tasks") or []
@@ -177,14 +176,14 @@ def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out
             ax.set_title(f"{task}: {label}")
             ax.set_xlabel("round" if row == 1 else "")
     title = f"{setting_label(setting)}: per-task test accuracy and loss ({_seeds_note(groups, setting)})"
-    return _finish(fig, axes[0, 0], title, out, f"tasks-{setting}", formats)
+    return _finish(fig, axes[0, 0], title)
 
 
-def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
-                        formats: Sequence[str]) -> list[Path]:
+def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any | None:
+    """``weights-<setting>``: FedHV's weights per task (None without FedHV runs)."""
     runs = groups.get((setting, None, "fedhv"))
     if not runs:
-        return []
+        return None
     plt = _plt()
     tasks = runs[0].summary.get("tasks") or []
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -196,11 +195,11 @@ def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: 
     ax.set_ylabel("task weight $w_i^t$")
     ax.legend()
     ax.set_title(f"{setting_label(setting)}: FedHV weights (mean ± 1σ over {len(runs)} seed(s))")
-    return _save(fig, out, f"weights-{setting}", formats)
+    return fig
 
 
-def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out: Path,
-               formats: Sequence[str]) -> list[Path]:
+def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any:
+    """``wallclock-<setting>``: cumulative wall-clock per method, calibration as FedHV's offset."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for m in ordered_methods({m for s, v, m in groups if s == setting and v is None}):
@@ -217,12 +216,12 @@ def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str, out:
     ax.set_ylabel("cumulative wall-clock (s)")
     ax.legend(loc="upper left")
     ax.set_title(f"{setting_label(setting)}: end-to-end wall-clock")
-    return _save(fig, out, f"wallclock-{setting}", formats)
+    return fig
 
 
-def ablation_curves(runs: Sequence[Run], out: Path, formats: Sequence[str]) -> list[Path]:
+def ablation_curves(runs: Sequence[Run]) -> Iterator[tuple[str, Any]]:
+    """``ablation-<setting>-<parameter>``: one MeanAcc line per variant of each sweep."""
     groups = group(runs, with_variants=True)
-    files: list[Path] = []
     for setting, param in sorted({(s, v[0]) for s, v, m in groups if v is not None}):
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -236,18 +235,30 @@ def ablation_curves(runs: Sequence[Run], out: Path, formats: Sequence[str]) -> l
         ax.set_ylabel("MeanAcc (%)")
         ax.legend(loc="lower right")
         ax.set_title(f"{setting_label(setting)}: FedHV ablation over {param}")
-        files += _save(fig, out, f"ablation-{setting}-{param.split('.')[-1]}", formats)
-    return files
+        yield f"ablation-{setting}-{param.split('.')[-1]}", fig
+
+
+def build_figures(runs: Sequence[Run]) -> Iterator[tuple[str, Any]]:
+    """Every figure the runs support, as ``(stem, matplotlib Figure)``, drawn but not saved.
+
+    The seam for inspecting the plotted data (``ax.get_lines()``, band polygons from
+    ``ax.collections``); the caller closes each figure (``matplotlib.pyplot.close``).
+    Figures are built one at a time, as the iterator advances.
+    """
+    groups = group(runs)
+    for setting in ordered_settings({s for s, _, _ in groups}):
+        yield f"curves-{setting}", learning_curves(groups, setting)
+        yield f"tasks-{setting}", task_curves(groups, setting)
+        weights = weight_trajectories(groups, setting)
+        if weights is not None:
+            yield f"weights-{setting}", weights
+        yield f"wallclock-{setting}", wall_clock(groups, setting)
+    yield from ablation_curves(runs)
 
 
 def make_figures(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
-    """Every figure the runs support; returns the files written."""
-    groups = group(runs)
+    """Every figure the runs support, saved as ``out/<stem>.<format>``; returns the files written."""
     files: list[Path] = []
-    for setting in ordered_settings({s for s, _, _ in groups}):
-        files += learning_curves(groups, setting, out, formats)
-        files += task_curves(groups, setting, out, formats)
-        files += weight_trajectories(groups, setting, out, formats)
-        files += wall_clock(groups, setting, out, formats)
-    files += ablation_curves(runs, out, formats)
+    for stem, fig in build_figures(runs):
+        files += _save(fig, out, stem, formats)
     return files

@@ -1,0 +1,32 @@
+"""Real federated runs on Flower (``pip install 'fedhv[flower]'``, flwr 1.42).
+
+Every ``flwr`` import of fedhv lives in this package, and only the modules that need it
+import it: ``node`` (a SuperNode's computation) does not, the others do.
+
+- :mod:`fedhv.flower.protocol`: the records of each message;
+- :mod:`fedhv.flower.client`: the ``ClientApp`` (``fedhv.flower.client:app``);
+- :mod:`fedhv.flower.federation`: the ``Federation`` over a ``Grid``;
+- :mod:`fedhv.flower.server`: the ``ServerApp`` (``fedhv.flower.server:app``);
+- :mod:`fedhv.flower.executor`: a long-lived ClientApp process (``--isolation process``);
+- :mod:`fedhv.flower.local`: ``fedhv flower local``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from fedhv.errors import FedHVError
+
+
+class FlowerMissing(FedHVError):
+    """``flwr`` is not installed."""
+
+
+def require_flwr() -> None:
+    """Raise :class:`FlowerMissing` (one line, with the fix) unless ``flwr`` can be imported."""
+    try:
+        with warnings.catch_warnings():  # flwr's typer import warns of click deprecations
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import flwr  # noqa: F401
+    except ImportError:
+        raise FlowerMissing("the Flower back-end needs flwr: pip install 'fedhv[flower]' (flwr==1.42.0)") from None

@@ -1,0 +1,89 @@
+"""fedhv's Flower ``ClientApp``: the client primitives on a SuperNode (``fedhv.flower.client:app``).
+
+Two handlers (Message API):
+
+- ``query``: the handshake. Stores the run's configuration in ``Context.state``, loads
+  the node's partition (``--node-config "partition-id=K num-partitions=N"``) and answers
+  with it, so the server maps Flower node ids (random per run) to client ids.
+- ``train``: one synchronization stage (:mod:`fedhv.flower.protocol`), computed by
+  :class:`~fedhv.flower.node.NodeWorker` with the simulator's sequential engine.
+
+State held across stages lives in ``Context.state``, which the SuperNode keeps per run
+and hands to every ClientApp execution (a fresh process per message under subprocess
+isolation, or the long-lived :mod:`fedhv.flower.executor`): the configuration, the last
+model received (FedCMOO's training stage sends none) and the gradients of the round's
+last gradient stage (FedCMOO's first local step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedhv.flower.node import NodeError, config_sha, worker_for
+from fedhv.flower.protocol import HELD, HELLO, MODEL, NODE, as_int, model_sha, result_content, stage_order
+
+app = ClientApp()
+
+_HELD_META = "fedhv.held-meta"
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)`` from the SuperNode's ``--node-config``."""
+    cfg = context.node_config
+    try:
+        return as_int(cfg["partition-id"], "partition-id"), as_int(cfg["num-partitions"], "num-partitions")
+    except (KeyError, TypeError, ValueError):
+        raise NodeError(
+            f"node-config {dict(cfg)} lacks integer partition-id / num-partitions; start the SuperNode with "
+            "--node-config \"partition-id=K num-partitions=N\"") from None
+
+
+@app.query()
+def hello(msg: Message, context: Context) -> Message:
+    """Handshake: remember the run's configuration, load the partition, say which it is."""
+    text = str(msg.content.config_records[HELLO]["config"])
+    pid, n = node_partition(context)
+    worker_for(text, pid, n)  # loads the data now and checks the partition fits the run
+    context.state[HELLO] = ConfigRecord({"config": text})
+    return Message(RecordDict({NODE: ConfigRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)
+
+
+@app.train()
+def stage(msg: Message, context: Context) -> Message:
+    """One synchronization stage for this node's client."""
+    if HELLO not in context.state.config_records:
+        raise NodeError("stage message before the handshake: the server must send the query handshake first")
+    text = str(context.state.config_records[HELLO]["config"])
+    pid, n = node_partition(context)
+    order, fields = stage_order(msg.content)
+    if fields["config-sha"] != config_sha(text) or as_int(fields["client"], "client") != pid:
+        raise NodeError(f"stage for client {fields['client']} of config {str(fields['config-sha'])[:12]} reached "
+                        f"partition {pid} of config {config_sha(text)[:12]}; the server's node map is stale")
+    worker = worker_for(text, pid, n)
+    held = context.state.array_records.get(HELD)
+    meta = context.state.config_records.get(_HELD_META)
+    if MODEL in msg.content.array_records:
+        theta = torch.from_numpy(msg.content.array_records[MODEL]["theta"].numpy())
+    elif held is not None and "theta" in held:
+        theta = torch.from_numpy(held["theta"].numpy())
+    else:
+        raise NodeError(f"round {order.round + 1}: no model sent and none held; send the model in the first stage")
+    if model_sha(theta) != fields["model-sha"]:
+        raise NodeError(f"round {order.round + 1}: the model this node holds is not the server's (its Context.state "
+                        "was not updated after the last stage); the server must send the model")
+    grads = None
+    if (held is not None and "gradients" in held and meta is not None and as_int(meta["round"], "round") == order.round
+            and str(meta["stream"]) == order.stream and as_int(meta["seed"], "seed") == order.seed):
+        grads = torch.from_numpy(held["gradients"].numpy())
+    result = worker.serve(theta, order, grads)
+    keep = {"theta": Array(theta.numpy())}
+    if result.gradients is not None:
+        keep["gradients"] = Array(np.ascontiguousarray(result.gradients))
+        context.state[_HELD_META] = ConfigRecord({"round": order.round, "stream": order.stream, "seed": order.seed})
+    elif grads is not None:
+        keep["gradients"] = Array(grads.numpy())
+    context.state[HELD] = ArrayRecord(keep)
+    return Message(result_content(result), reply_to=msg)

@@ -1,0 +1,342 @@
+"""``fedhv flower local``: a real SuperLink and N real SuperNodes on 127.0.0.1, one run.
+
+:func:`run_local` starts (each in its own process group, with free loopback ports):
+
+- ``flower-superlink --insecure --disable-runtime-dependency-installation`` (it starts
+  the ServerApp process of the run itself);
+- per node ``K``: ``flower-supernode --insecure --isolation process --node-config
+  "partition-id=K num-partitions=N"`` and its long-lived ClientApp process
+  (:mod:`fedhv.flower.executor`), or, with ``isolation="subprocess"``, Flower's default
+  fresh ``flwr-clientapp`` process per message;
+
+generates the Flower app (``pyproject.toml`` with ``[tool.flwr.app.components]``
+``fedhv.flower.server:app`` / ``fedhv.flower.client:app`` and the run config) and a
+``FLWR_HOME`` whose ``config.toml`` names the local SuperLink, submits the run with
+``flwr run``, follows ``rounds.jsonl`` for progress and the run's status on the
+SuperLink's Control API, and stops every process it started, by process group id
+(the PID of the process it started), also on Ctrl-C / SIGTERM. ``flwr run`` exits 0
+even when the ServerApp fails: the run counts as done only when Flower reports it
+``finished:completed`` *and* ``summary.json`` exists.
+
+Telemetry and the update check are off (``FLWR_TELEMETRY_ENABLED=0``,
+``FLWR_DISABLE_UPDATE_CHECK=1``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from fedhv.config import dumps, load_config, to_dict
+from fedhv.config.schema import RunConfig
+from fedhv.errors import FedHVError
+
+FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
+            # the SuperLink's SuperExec looks for a run to start every second by default
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+
+
+class FlowerRunError(FedHVError):
+    """The local Flower deployment or its run failed (the message names the log to read)."""
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def local_config(setting: str, nodes: int, overrides: Sequence[str] = ()) -> RunConfig:
+    """The setting with one client per SuperNode: ``partition.clients = nodes`` and at most
+    ``nodes`` clients per round (the configured count otherwise)."""
+    if nodes < 1:
+        raise FlowerRunError(f"--nodes {nodes}: need at least one SuperNode; give --nodes 1 or more")
+    base = load_config(setting, list(overrides))
+    extra = [f"partition.clients={nodes}"]
+    if base.train.clients_per_round > nodes:
+        extra.append(f"train.clients_per_round={nodes}")
+    return load_config(setting, [*overrides, *extra])
+
+
+def app_pyproject(run_config: dict[str, Any]) -> str:
+    """The generated Flower app's ``pyproject.toml``."""
+    cfg = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_config.items())
+    return f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedhv-flower"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedhv"
+
+[tool.flwr.app.components]
+serverapp = "fedhv.flower.server:app"
+clientapp = "fedhv.flower.client:app"
+
+[tool.flwr.app.config]
+{cfg}
+"""
+
+
+@dataclass
+class Deployment:
+    """The processes of one local deployment (each the leader of its own process group)."""
+
+    workdir: Path
+    env: dict[str, str]
+    nodes: int
+    port: int
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    logs: list[IO[bytes]] = field(default_factory=list)
+
+    def start(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+                                start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self.procs]
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise FlowerRunError(f"{name} (pid {proc.pid}) exited with status {proc.returncode}; see "
+                                     f"{self.workdir / (name + '.log')}")
+
+    def submit(self, cfg: RunConfig, out: str | Path | None = None, *, stage_timeout: float = 0.0,
+               progress: Callable[[int, int], None] | None = None) -> Path:
+        """Run ``cfg`` (``flwr run``), follow it to the end; returns the run directory.
+
+        ``progress(done, total)`` is called as rounds finish. Raises
+        :class:`FlowerRunError` when a process dies or the run does not complete.
+        """
+        if self.nodes != cfg.partition.clients:
+            raise FlowerRunError(f"--nodes {self.nodes} but partition.clients = {cfg.partition.clients}; one "
+                                 f"SuperNode serves one partition: use --nodes {cfg.partition.clients}")
+        run_dir = Path(out if out is not None else default_out(cfg)).resolve()
+        app_dir = Path(tempfile.mkdtemp(prefix="app-", dir=self.workdir))
+        (app_dir / "config.toml").write_text(dumps(to_dict(cfg)))
+        (app_dir / "pyproject.toml").write_text(app_pyproject({
+            "config": str(app_dir / "config.toml"), "out": str(run_dir), "stage-timeout": float(stage_timeout),
+            "node-wait": 120.0,
+        }))
+        submit = subprocess.run([_bin("flwr"), "run", str(app_dir), "local", "--format", "json"], env=self.env,
+                                cwd=self.workdir, capture_output=True, text=True, timeout=120, check=False)
+        try:
+            run_id = int(json.loads(submit.stdout)["run-id"])
+        except (ValueError, KeyError, TypeError):
+            raise FlowerRunError(f"flwr run did not start the run (status {submit.returncode}): "
+                                 f"{(submit.stdout + submit.stderr).strip()[-500:]}") from None
+        _follow(self, self.port, run_id, run_dir, cfg.rounds, progress)
+        return run_dir
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL, to each started process group (by the started PID)."""
+        for _, proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, proc in reversed(self.procs):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.05))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group: also the ServerApp / ClientApp children
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        for log in self.logs:
+            log.close()
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, workdir: Path, wait_s: float = 60.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FlowerRunError(f"{name} exited with status {proc.returncode} while starting; see "
+                                 f"{workdir / (name + '.log')}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise FlowerRunError(f"{name} did not listen on 127.0.0.1:{port} within {wait_s:.0f} s; see "
+                         f"{workdir / (name + '.log')}")
+
+
+def _bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else name
+
+
+def _run_status(control_port: int, run_id: int) -> str:
+    """``status[:sub-status]`` of a run from the SuperLink's Control API (in process)."""
+    # flwr prints "Using SuperLink: ..." each time, and its click use warns of deprecations
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from flwr.cli.ls import _display_one_run
+        from flwr.cli.typing import SuperLinkConnection
+        from flwr.cli.utils import init_http_client_from_connection
+
+        conn = SuperLinkConnection(name="fedhv-local", address=f"127.0.0.1:{control_port}", insecure=True)
+        client = init_http_client_from_connection(conn)
+        try:
+            rows = _display_one_run(client, run_id)
+        finally:
+            client.close()
+    return rows[0].status_text if rows else ""
+
+
+def default_out(cfg: RunConfig) -> Path:
+    """``runs/<setting>-<method>-s<seed>-flower-<time>`` (not created here: the ServerApp claims it)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{Path(cfg.setting).stem}-{cfg.method}-s{cfg.seed}-flower-{stamp}"
+
+
+@contextlib.contextmanager
+def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
+                     keep_workdir: bool = False) -> Iterator[Deployment]:
+    """A SuperLink and ``nodes`` SuperNodes (partition ``K`` of ``nodes`` each) on 127.0.0.1.
+
+    Runs are submitted with :meth:`Deployment.submit` (several may run one after the
+    other). ``isolation="process"``: one long-lived ClientApp process per SuperNode
+    (:mod:`fedhv.flower.executor`); ``"subprocess"``: Flower's fresh process per message.
+    ``poll_s``: the SuperNodes' idle poll (:mod:`fedhv.flower.supernode`; ``None`` =
+    Flower's own ``flower-supernode`` and its 3 s). On exit every started process group
+    is stopped; the work directory (logs) is removed unless a run failed or
+    ``keep_workdir``.
+    """
+    if nodes < 1:
+        raise FlowerRunError(f"--nodes {nodes}: need at least one SuperNode; give --nodes 1 or more")
+    if isolation not in ("process", "subprocess"):
+        raise FlowerRunError(f"isolation {isolation!r} is not known; use \"process\" or \"subprocess\"")
+    workdir = Path(tempfile.mkdtemp(prefix="fedhv-flower-"))
+    home = workdir / "flwr-home"
+    home.mkdir()
+    # Flower starts flwr-serverapp / flower-superexec / flwr-clientapp from PATH: this interpreter's first.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path}
+    link_port, *node_rt = free_ports(1 + nodes)  # flwr 1.42: one HTTP port for Fleet, Control and Runtime APIs
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n')
+    if poll_s is not None:
+        env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
+    supernode_cmd = [_bin("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
+    dep = Deployment(workdir, env, nodes, link_port)
+    ok = False
+    try:
+        link = dep.start("superlink", [
+            _bin("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
+            "--host", "127.0.0.1", "--port", str(link_port),
+        ])
+        _wait_port(link_port, link, "superlink", workdir)
+        for k, port in enumerate(node_rt):
+            node = dep.start(f"supernode-{k}", [
+                *supernode_cmd, "--insecure", "--superlink", f"127.0.0.1:{link_port}",
+                "--node-config", f"partition-id={k} num-partitions={nodes}", "--isolation", isolation,
+                "--host", "127.0.0.1", "--port", str(port),
+            ])
+            if isolation == "process":
+                _wait_port(port, node, f"supernode-{k}", workdir)
+                dep.start(f"clientapp-{k}", [sys.executable, "-m", "fedhv.flower.executor",
+                                             "--runtime-api-address", f"127.0.0.1:{port}",
+                                             "--parent-pid", str(node.pid)])
+        yield dep
+        ok = True
+    finally:
+        dep.stop()
+        if ok and not keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_local(cfg: RunConfig, nodes: int, out: str | Path | None = None, *, isolation: str = "process",
+              stage_timeout: float = 0.0, poll_s: float | None = 0.1, progress: Callable[[int, int], None] | None = None,
+              on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False) -> Path:
+    """Run ``cfg`` on a fresh :func:`local_deployment` of ``nodes`` SuperNodes; returns the run
+    directory. ``on_start`` sees the deployment once every process runs."""
+    with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir) as dep:
+        if on_start is not None:
+            on_start(dep)
+        return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress)
+
+
+def _follow(dep: Deployment, control: int, run_id: int, run_dir: Path, rounds: int,
+            progress: Callable[[int, int], None] | None) -> None:
+    """Wait for the run to finish, reporting rounds; raise unless it completed with a summary."""
+    done, status, last_poll = -1, "", 0.0
+    while True:
+        dep.check_alive()
+        lines = _count_lines(run_dir / "rounds.jsonl")
+        if progress is not None and lines != done:
+            progress(lines, rounds)
+        done = lines
+        if time.monotonic() - last_poll > 1.0:
+            last_poll = time.monotonic()
+            status = _run_status(control, run_id)
+            if status.startswith("finished"):
+                break
+        time.sleep(0.2)
+    if progress is not None:
+        progress(_count_lines(run_dir / "rounds.jsonl"), rounds)
+    if not status.endswith("completed") or not (run_dir / "summary.json").is_file():
+        raise FlowerRunError(f"Flower run {run_id} ended {status or 'without a status'} and "
+                             f"{run_dir / 'summary.json'} {'exists' if (run_dir / 'summary.json').exists() else 'is missing'}"
+                             f"; the ServerApp's log is in {dep.workdir / 'superlink.log'}")
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.endswith(b"\n"))
+    except OSError:
+        return 0
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM arrived; the CLI exits with ``128 + signum`` (143), as ``fedhv run`` does."""
+
+    signum = int(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Stopped` (a ``KeyboardInterrupt``) in the block, so the deployment's
+    processes are stopped on the way out."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Stopped(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

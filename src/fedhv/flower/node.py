@@ -1,0 +1,153 @@
+"""A SuperNode's own computation: one client of a built-in setting (no ``flwr`` import).
+
+A node holds one partition ``K`` of a built-in setting (``partition-id = K``) and serves
+the three client primitives of :mod:`fedhv.algorithms.base` with the simulator's
+reference code: a :class:`~fedhv.sim.engine.SequentialEngine` over *only the node's
+samples*. Every random draw is keyed by ``(seed, stream, round, client)``
+(:mod:`fedhv.sim.plan`) and only gathers from the client's index list, so re-indexing
+the node's samples as ``0 .. S-1`` changes no value: the node computes exactly what
+the simulator computes for client ``K``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedhv.config.loader import config_from_toml_text
+from fedhv.config.schema import RunConfig
+from fedhv.data.federated import FederatedData
+from fedhv.errors import FedHVError
+from fedhv.experiment.setup import federated_data, new_model
+from fedhv.sim.engine import SequentialEngine
+
+
+class NodeError(FedHVError):
+    """A node cannot serve a request (wrong partition, unknown configuration, bad request)."""
+
+
+def config_sha(text: str) -> str:
+    """SHA-256 of a run's resolved ``config.toml`` text (names the run on the nodes)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def node_data(data: FederatedData, client: int) -> FederatedData:
+    """Only ``client``'s training samples, re-indexed ``0 .. S-1`` (no evaluation sets).
+
+    ``parts`` keeps its ``[N, S]`` shape so client ids stay valid; every row but
+    ``client``'s is empty of meaning (zeros) and never read.
+    """
+    own = data.parts[client]
+    parts = torch.zeros_like(data.parts)
+    parts[client] = torch.arange(len(own), device=own.device)
+    return dataclasses.replace(data, train_x=data.train_x[own].clone(), train_y=data.train_y[own].clone(),
+                               parts=parts, eval_sets={})
+
+
+@dataclass
+class StageOrder:
+    """What the server asks of this node in one stage (decoded from the message).
+
+    ``report``: ``None``, ``"all"`` or a batch count; ``gradients`` / ``train``: task
+    weight rows ``[T, m]`` (float64) or ``None``; ``first_step_held``: the first local
+    step uses ``train @ G`` with ``G`` the gradients this node computed in the round's
+    last gradient stage (kept by the node, never sent back down).
+    """
+
+    round: int
+    seed: int
+    stream: str
+    report: int | str | None = None
+    gradients: np.ndarray | None = None
+    train: np.ndarray | None = None
+    first_step_held: bool = False
+
+
+@dataclass
+class StageResult:
+    """A node's reply: report ``[m]``, gradients / deltas ``[T, d]`` (``None`` = not asked)."""
+
+    report: np.ndarray | None = None
+    gradients: np.ndarray | None = None
+    deltas: np.ndarray | None = None
+
+
+class NodeWorker:
+    """Client ``partition`` of the run described by ``config_text``.
+
+    Parameters
+    ----------
+    config_text : str
+        The run's resolved configuration (``config.toml``), sent by the server in the
+        handshake.
+    partition, num_partitions : int
+        This node's ``--node-config`` (``partition-id``, ``num-partitions``);
+        ``num_partitions`` must equal the setting's ``partition.clients``.
+    """
+
+    def __init__(self, config_text: str, partition: int, num_partitions: int) -> None:
+        cfg = config_from_toml_text(config_text)
+        n = cfg.partition.clients
+        if num_partitions != n or not 0 <= partition < n:
+            raise NodeError(
+                f"node-config partition-id={partition} num-partitions={num_partitions} does not fit the run's "
+                f"partition.clients = {n}; start the SuperNodes with partition-id in 0..{n - 1} and "
+                f"num-partitions={n}"
+            )
+        self.cfg: RunConfig = cfg
+        self.sha = config_sha(config_text)
+        self.client = partition
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.data = node_data(federated_data(cfg), partition)
+        self.model = new_model(cfg, self.data, cfg.seed)
+
+    @property
+    def num_tasks(self) -> int:
+        return self.data.num_tasks
+
+    def engine(self, seed: int, stream: str) -> SequentialEngine:
+        """The reference engine keyed like the simulator's for ``(seed, stream)``."""
+        c = self.cfg
+        return SequentialEngine(self.model, self.data, local_steps=c.train.local_steps,
+                                batch_size=c.train.batch_size, lr_local=c.lr_local, momentum=c.train.momentum,
+                                seed=seed, stream=stream)
+
+    def serve(self, theta: torch.Tensor, order: StageOrder, held: torch.Tensor | None) -> StageResult:
+        """Run one stage at ``theta``; ``held`` = this node's gradients ``[T', d]`` of the round's last
+        gradient stage (needed when ``order.first_step_held``)."""
+        e = self.engine(order.seed, order.stream)
+        theta = theta.to(device=e.device, dtype=e.dtype)
+        clients, t = np.array([self.client]), order.round
+        out = StageResult()
+        if order.report is not None:
+            out.report = e.reports(theta, clients, t, order.report)[0].detach().cpu().numpy()
+        if order.gradients is not None:
+            out.gradients = e.gradients(theta, clients, order.gradients, t)[0].detach().cpu().numpy()
+        if order.train is not None:
+            first = None
+            if order.first_step_held:
+                if held is None:
+                    raise NodeError(f"round {t + 1}: the server asked for a first step from held gradients, "
+                                    "but this node holds none; run the round's gradient stage first")
+                w = e.as_tensor(order.train)
+                first = torch.einsum("ti,id->td", w, held.to(device=e.device, dtype=e.dtype)).unsqueeze(0)
+            out.deltas = e.train(theta, clients, order.train, t, first)[0].detach().cpu().numpy()
+        return out
+
+
+_WORKERS: dict[tuple[str, int, int], NodeWorker] = {}
+
+
+def worker_for(config_text: str, partition: int, num_partitions: int) -> NodeWorker:
+    """The (cached) worker of this process for a run: a long-lived ClientApp process loads
+    the data once per run, not once per message."""
+    key = (config_sha(config_text), partition, num_partitions)
+    if key not in _WORKERS:
+        _WORKERS.clear()  # one run at a time per node: drop the previous run's data
+        _WORKERS[key] = NodeWorker(config_text, partition, num_partitions)
+    return _WORKERS[key]

@@ -1,0 +1,96 @@
+"""fedhv's Flower ``ServerApp`` (``fedhv.flower.server:app``): a run directory from SuperNodes.
+
+The app's run config (``[tool.flwr.app.config]`` of the generated app,
+:mod:`fedhv.flower.local`) names:
+
+- ``config``: path of a resolved fedhv configuration (``config.toml``), or
+  ``resume``: path of an unfinished run directory to continue;
+- ``out``: the run directory to create (empty = the default ``runs/...`` name);
+- ``stage-timeout``: seconds a stage waits for replies (0 = until every client answered);
+- ``node-wait``: seconds to wait for the SuperNodes to connect.
+
+The run is :func:`fedhv.experiment.runner.run_experiment` (or ``resume_experiment``)
+with a :class:`~fedhv.flower.federation.FlowerFederation` per round instead of the
+simulator: the same run directory, checkpoints, evaluation (on the server's test set)
+and summary as ``fedhv run``. A failure raises, so Flower marks the run failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedhv.config import dumps, to_dict
+from fedhv.config.loader import config_from_toml_text
+from fedhv.config.schema import RunConfig
+from fedhv.experiment.loop import FederationFactory
+from fedhv.flower.federation import FlowerFederation, handshake
+from fedhv.flower.node import config_sha
+
+app = ServerApp()
+log = logging.getLogger("fedhv")
+
+
+def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: float | None,
+                       node_wait: float = 120.0) -> FederationFactory:
+    """Handshake with the SuperNodes, then build each round's :class:`FlowerFederation`."""
+    from fedhv.data.benchmarks import BUILDERS
+
+    nodes = handshake(grid, config_text, cfg.partition.clients, node_wait)
+    sha, v = config_sha(config_text), cfg.validation
+    num_tasks = len(BUILDERS[cfg.data.benchmark].task_names)
+
+    def factory(clients: np.ndarray, round_idx: int, seed: int, stream: str) -> FlowerFederation:
+        return FlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, timeout,
+                                v.max_update_norm, v.max_update_norm_ratio)
+
+    return factory
+
+
+def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
+    """Run (or resume) one experiment over ``grid``; returns its summary."""
+    from fedhv.experiment.runner import resume_experiment, run_experiment
+
+    timeout = float(run_config.get("stage-timeout", 0)) or None
+    node_wait = float(run_config.get("node-wait", 120))
+    resume = str(run_config.get("resume", ""))
+    if resume:
+        text = (Path(resume) / "config.toml").read_text()
+        cfg = config_from_toml_text(text)
+        factory = federation_factory(grid, cfg, text, timeout, node_wait)
+        return resume_experiment(resume, progress=False, federation_factory=factory)
+    cfg = config_from_toml_text(Path(str(run_config["config"])).read_text())
+    text = dumps(to_dict(cfg))  # exactly what run_experiment writes to config.toml
+    factory = federation_factory(grid, cfg, text, timeout, node_wait)
+    out = str(run_config.get("out", "")) or None
+    return run_experiment(cfg, out, progress=False, federation_factory=factory)
+
+
+def fast_pulls(cap_s: float = 0.2) -> None:
+    """Retry the pulls of reply objects after 0.02 s growing to ``cap_s`` (flwr 1.42: 1 s to 10 s).
+
+    A reply is listed as soon as the SuperLink has its header; when its objects (the
+    update) are still being uploaded, Flower's grid waits a full second before asking
+    again, which alone added up to a second per stage on loopback.
+    """
+    from flwr.superlink.grid import http_grid
+
+    if not isinstance(http_grid.pull_objects, functools.partial):
+        http_grid.pull_objects = functools.partial(http_grid.pull_objects, initial_backoff=0.02,
+                                                   backoff_cap=cap_s)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """ServerApp entry point."""
+    logging.basicConfig(level=logging.INFO)
+    fast_pulls()
+    summary = serve(grid, dict(context.run_config))
+    log.info("fedhv run finished: mean_acc %s, %s s per round", summary.get("mean_acc"),
+             summary.get("seconds_per_round"))

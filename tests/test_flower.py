@@ -1,0 +1,222 @@
+"""Real federated runs on Flower: a real SuperLink, real SuperNodes and ClientApp processes on
+127.0.0.1 (flwr 1.42, ``pip install 'fedhv[flower]'``).
+
+- equivalence: FedHV (with its calibration) and FedCMOO (two stages per round, the
+  first local step from gradients the nodes hold), 3 rounds in float64, over Flower vs
+  the in-process sequential engine: the same sampled clients, weights, reports and
+  final model (1e-10);
+- deployment end to end: ``fedhv flower local`` as a real process, 3 SuperNodes,
+  FedHV, 2 rounds: a complete run directory that ``fedhv table`` reads;
+- a failed ServerApp (``flwr run`` still exits 0) is reported as an error;
+- no stray processes: every process of a deployment (found by process group or as a
+  descendant while it runs) is gone afterwards, checked by PID;
+- SIGTERM to ``fedhv flower local``: exit 143 and no process of it left;
+- without flwr, ``fedhv flower local`` is a one-line error naming the install command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedhv.config import load_config
+from fedhv.experiment.runner import run_experiment
+
+from conftest import SMALL
+
+HAVE_FLWR = importlib.util.find_spec("flwr") is not None
+needs_flwr = pytest.mark.skipif(not HAVE_FLWR, reason="the Flower back-end needs flwr: pip install -e '.[test,flower]'")
+if HAVE_FLWR:
+    from fedhv.flower.local import Deployment, FlowerRunError, local_deployment
+
+NODES = 3
+# One client per SuperNode; 2 of the 3 sampled per round (seed 2: {0,1}, {0,2}, {0,1}), so sampling matters.
+EQUIV = [*SMALL, f"partition.clients={NODES}", "train.clients_per_round=2", "rounds=3", 'dtype="float64"',
+         'engine="sequential"', "eval.test_period=3", "seed=2"]
+
+
+def _pgids() -> dict[int, int]:
+    """pid -> process group id of every process on the machine."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[int(entry)] = int(fields[2])
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+def _group_members(leaders: list[int]) -> set[int]:
+    return {pid for pid, pgid in _pgids().items() if pgid in set(leaders)}
+
+
+def _assert_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "processes left running after the deployment stopped"
+
+
+def test_flower_command_without_flwr_is_a_one_line_error(tmp_path: Path) -> None:
+    """``fedhv flower local`` without flwr installed: exit 2 and the install command, no traceback."""
+    blocked = tmp_path / "site"
+    (blocked / "flwr").mkdir(parents=True)
+    (blocked / "flwr" / "__init__.py").write_text("raise ImportError('flwr is not installed (test)')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocked)}
+    res = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "local", "multimnist", "--nodes", "2"],
+                         capture_output=True, text=True, env=env, check=False, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        "error: the Flower back-end needs flwr: pip install 'fedhv[flower]' (flwr==1.42.0)")
+    assert "Traceback" not in res.stderr
+
+
+@pytest.fixture(scope="module")
+def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    """One SuperLink and NODES SuperNodes for the module's runs; no process survives it.
+
+    The processes' logs are kept (path printed) when a test failed."""
+    seen: set[int] = set()
+    failed = request.session.testsfailed
+    with local_deployment(NODES, keep_workdir=True) as dep:
+        yield dep
+        seen = _group_members(dep.pids) | set(dep.pids)  # includes the ServerApp / SuperExec processes
+        assert len(seen) >= 1 + 2 * NODES
+    _assert_gone(seen)
+    if request.session.testsfailed == failed:
+        shutil.rmtree(dep.workdir, ignore_errors=True)
+    else:
+        print(f"Flower logs kept in {dep.workdir}")
+
+
+def _rounds(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+
+
+def _theta(run: Path) -> torch.Tensor:
+    state = torch.load(run / "model.pt", weights_only=True)["state_dict"]
+    return torch.cat([v.reshape(-1) for v in state.values()])
+
+
+@needs_flwr
+@pytest.mark.parametrize("method", ["fedhv", "fedcmoo"])
+def test_flower_matches_sequential_engine(deployment: Deployment, tmp_path: Path, method: str) -> None:
+    cfg = load_config("multimnist", [*EQUIV, f'method="{method}"'])
+    flower = deployment.submit(cfg, tmp_path / "flower")
+    sim = tmp_path / "sim"
+    run_experiment(cfg, sim, progress=False)
+    fr, sr = _rounds(flower), _rounds(sim)
+    assert len(fr) == len(sr) == 3
+    assert len({tuple(r["clients"]) for r in fr}) > 1  # sampling is exercised
+    for a, b in zip(fr, sr):
+        assert a["dropped_clients"] == a["rejected_clients"] == 0, a
+        assert a["clients"] == b["clients"] and len(a["clients"]) == 2
+        np.testing.assert_allclose(a["weights"], b["weights"], rtol=0, atol=1e-10)
+        if method == "fedhv":
+            np.testing.assert_allclose(a["report"], b["report"], rtol=0, atol=1e-10)
+        assert a["sync_stages"] == b["sync_stages"]
+        assert a["bytes_down_per_client"] > 0 and a["bytes_up_per_client"] > 0
+    if method == "fedhv":
+        cal_f, cal_s = (json.loads((d / "calibration.json").read_text()) for d in (flower, sim))
+        np.testing.assert_allclose(cal_f["reference"], cal_s["reference"], rtol=0, atol=1e-10)
+    diff = float((_theta(flower) - _theta(sim)).abs().max())
+    assert _theta(flower).dtype == torch.float64 and diff <= 1e-10, diff
+    summary = json.loads((flower / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["mean_acc"] is not None
+
+
+@needs_flwr
+def test_failed_server_app_is_an_error(deployment: Deployment, tmp_path: Path) -> None:
+    """``flwr run`` exits 0 when the ServerApp fails; the deployment still reports the failure."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")  # the ServerApp cannot create its run directory here
+    cfg = load_config("multimnist", [*EQUIV, "rounds=1"])
+    with pytest.raises(FlowerRunError, match=r"finished:failed.*summary.json is missing"):
+        deployment.submit(cfg, blocker)
+
+
+@needs_flwr
+def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
+    """``fedhv flower local`` as a real process: run directory complete, table reads it, no strays."""
+    out = tmp_path / "run"
+    sets = [x for item in SMALL for x in ("--set", item)]
+    cmd = [sys.executable, "-m", "fedhv.cli", "flower", "local", "multimnist", "--nodes", "3", "--rounds", "2",
+           *sets, "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[int] = set()
+    while proc.poll() is None:  # every descendant, by PID, while it runs
+        seen |= _descendants(proc.pid)
+        time.sleep(0.3)
+    output = proc.stdout.read() if proc.stdout else ""
+    assert proc.returncode == 0, output
+    for name in ("config.toml", "environment.json", "calibration.json", "rounds.jsonl", "metrics.jsonl",
+                 "summary.json", "model.pt"):
+        assert (out / name).is_file(), name
+    assert not (out / "checkpoint.pt").exists()
+    assert len(_rounds(out)) == 2 and "run directory:" in output
+    table = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path), "--table", "1"],
+                           capture_output=True, text=True, check=False)
+    assert table.returncode == 0 and "fedhv" in table.stdout.lower(), table.stdout + table.stderr
+    assert len(seen) >= 1 + 2 * 3  # SuperLink, 3 SuperNodes, 3 ClientApp processes (and the ServerApp)
+    _assert_gone(seen)
+
+
+@needs_flwr
+def test_flower_local_sigterm_stops_every_process(tmp_path: Path) -> None:
+    """SIGTERM to ``fedhv flower local`` mid-start: exit 143, and every process it started is gone."""
+    sets = [x for item in SMALL for x in ("--set", item)]
+    cmd = [sys.executable, "-m", "fedhv.cli", "flower", "local", "multimnist", "--nodes", "2", "--rounds", "50",
+           *sets, "--out", str(tmp_path / "run"), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= _descendants(proc.pid)
+        if len(seen) >= 5:  # SuperLink, 2 SuperNodes, 2 ClientApp processes
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None and len(seen) >= 5, seen
+    proc.terminate()
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 143, output
+    assert "terminated (signal 15)" in output
+    _assert_gone(seen)
+
+
+def _descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, frontier = set(), {root}
+    while frontier:
+        kids = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= kids
+        frontier = kids
+    return found
