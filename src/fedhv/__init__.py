@@ -8,3 +8,30 @@ tooling around it.
 """
 
 __version__ = "0.1.0"
+
+# Public API (docs/api.md). Loaded lazily (PEP 562): `fedhv table` / `fedhv plot` import
+# `fedhv.results`, which must not import torch.
+_API = {
+    "Task": "fedhv.api", "FederatedDataset": "fedhv.api", "History": "fedhv.api", "calibrate": "fedhv.api",
+    "simulate": "fedhv.api", "FedHV": "fedhv.api", "Uniform": "fedhv.api", "FSMGDA": "fedhv.api",
+    "FedCMOO": "fedhv.api", "FSMGDAConfig": "fedhv.config.schema", "FedCMOOConfig": "fedhv.config.schema",
+    "HVWeighting": "fedhv.weighting", "HVBackward": "fedhv.weighting",
+    "reference_from_losses": "fedhv.weighting",
+}
+
+__all__ = [
+    "FSMGDA", "FSMGDAConfig", "FedCMOO", "FedCMOOConfig", "FedHV", "FederatedDataset", "HVBackward", "HVWeighting",
+    "History", "Task", "Uniform", "__version__", "calibrate", "reference_from_losses", "simulate",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'fedhv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -1,0 +1,9 @@
+"""The public Python API (re-exported by :mod:`fedhv`): tasks, federated datasets, methods,
+calibration and simulation for a user's own model and data."""
+
+from fedhv.api.dataset import FederatedDataset
+from fedhv.api.methods import FSMGDA, FedCMOO, FedHV, Uniform
+from fedhv.api.simulate import History, calibrate, simulate
+from fedhv.api.tasks import Task
+
+__all__ = ["FSMGDA", "FedCMOO", "FedHV", "FederatedDataset", "History", "Task", "Uniform", "calibrate", "simulate"]

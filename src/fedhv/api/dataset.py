@@ -1,0 +1,161 @@
+"""A user's data as a federated dataset: tensors, tasks and a client partition.
+
+Partitions (``partition=``):
+
+- a sequence of index lists: client ``c`` holds ``x[partition[c]]``;
+- ``"dirichlet"``: the built-in rule (:func:`fedhv.data.partition.dirichlet_partition`):
+  every client draws label proportions ``p ~ Dir(alpha 1_K)`` over the ``K`` strata (by
+  default the first classification task's labels) and gets ``floor(p_k S)`` samples of
+  stratum ``k``, topped up to exactly ``S = samples_per_client``;
+- ``"ids"``: a natural id column ``ids [n]`` (writer, hospital, ...): one client per
+  distinct id, in sorted id order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedhv.api.tasks import Task, TaskObjective, as_tasks
+from fedhv.data.federated import FederatedData
+from fedhv.data.partition import dirichlet_partition
+from fedhv.errors import ConfigError
+
+TensorLike = torch.Tensor | np.ndarray
+
+
+class RaggedParts:
+    """Client index sets of unequal size; ``parts[c]`` is client ``c``'s index tensor."""
+
+    def __init__(self, rows: Sequence[torch.Tensor]) -> None:
+        self.rows = list(rows)
+
+    def __getitem__(self, c: int) -> torch.Tensor:
+        return self.rows[c]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.rows),)
+
+    def reshape(self, *shape: int) -> torch.Tensor:
+        """All indices, concatenated (only ``reshape(-1)`` is supported)."""
+        return torch.cat(self.rows)
+
+    def to(self, device: torch.device | str) -> RaggedParts:
+        return RaggedParts([r.to(device) for r in self.rows])
+
+
+def _tensor(v: TensorLike, what: str) -> torch.Tensor:
+    if not isinstance(v, (torch.Tensor, np.ndarray)):
+        raise ConfigError(f"{what} has type {type(v).__name__}; pass a torch.Tensor or numpy array")
+    return torch.as_tensor(v)
+
+
+def _targets(targets: TensorLike | Sequence[TensorLike], tasks: tuple[Task, ...], n: int, what: str) -> torch.Tensor:
+    items: list[Any] = list(targets) if isinstance(targets, (list, tuple)) else [targets]
+    parts = [_tensor(t, what) for t in items]
+    cols = [p.reshape(len(p), -1) for p in parts]
+    y = torch.cat([c.double() for c in cols], 1) if len(cols) > 1 else cols[0].double()
+    width = sum(t.width for t in tasks)
+    if y.shape != (n, width):
+        raise ConfigError(f"{what} has shape {tuple(y.shape)}; expected [{n}, {width}] (one column per class "
+                          "label, per attribute or per regression target, in task order)")
+    return y
+
+
+def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tasks: tuple[Task, ...],
+               clients: int, samples_per_client: int | None, alpha: float, seed: int,
+               strata: TensorLike | None, ids: TensorLike | None) -> torch.Tensor | RaggedParts:
+    if isinstance(spec, str) and spec == "dirichlet":
+        if strata is None:
+            first = next((i for i, t in enumerate(tasks) if t.kind == "classification"), None)
+            col = sum(t.width for t in tasks[:first]) if first is not None else None
+            strata = np.zeros(n, np.int64) if col is None else y[:, col].long().numpy()
+        s = samples_per_client or n // clients
+        return torch.from_numpy(dirichlet_partition(np.asarray(strata), clients, s, alpha, seed))
+    if isinstance(spec, str) and spec == "ids":
+        if ids is None or len(ids) != n:
+            raise ConfigError(f"partition = \"ids\" needs ids = one client id per sample ({n} values); pass ids=")
+        id_col = np.asarray(ids)
+        rows = [torch.from_numpy(np.flatnonzero(id_col == v)) for v in np.unique(id_col)]
+    elif isinstance(spec, str):
+        raise ConfigError(f"partition = {spec!r} is unknown; use \"dirichlet\", \"ids\" or a list of index lists")
+    else:
+        rows = [torch.as_tensor(np.asarray(r, dtype=np.int64)) for r in spec]
+    for c, r in enumerate(rows):
+        if len(r) == 0 or int(r.min()) < 0 or int(r.max()) >= n:
+            raise ConfigError(f"partition[{c}] is empty or has indices outside [0, {n}); give each client "
+                              "valid sample indices")
+    if len({len(r) for r in rows}) == 1:
+        return torch.stack(rows)
+    return RaggedParts(rows)
+
+
+@dataclass
+class FederatedDataset:
+    """Training tensors split among clients, optional test tensors, and the tasks.
+
+    Build with :meth:`from_tensors`. ``x`` is any input the model accepts (one row per
+    sample); targets ``y [n, sum_i width_i]`` hold each task's columns in task order.
+    """
+
+    tasks: tuple[Task, ...]
+    x: torch.Tensor
+    y: torch.Tensor
+    parts: torch.Tensor | RaggedParts
+    test: tuple[torch.Tensor, torch.Tensor] | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.parts.shape[0])
+
+    @classmethod
+    def from_tensors(cls, x: TensorLike, targets: TensorLike | Sequence[TensorLike], tasks: Sequence[Task | str], *,
+                     partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int = 10,
+                     samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
+                     strata: TensorLike | None = None, ids: TensorLike | None = None,
+                     test: tuple[TensorLike, TensorLike | Sequence[TensorLike]] | None = None) -> FederatedDataset:
+        """Partition ``(x, targets)`` among clients (see the module docstring for ``partition``).
+
+        Parameters
+        ----------
+        x : Tensor ``[n, ...]``
+        targets : Tensor ``[n, cols]`` or one Tensor per task (``[n]`` or ``[n, width]``)
+        tasks : sequence of Task or str (a bare name = binary classification)
+        clients, samples_per_client, alpha, seed, strata
+            The Dirichlet rule's ``N``, ``S`` (default ``n // N``), ``alpha``, partition seed
+            and strata (default: the first classification task's labels).
+        ids : Tensor ``[n]``
+            Natural client ids for ``partition="ids"``.
+        test : (x_test, targets_test), optional
+            Evaluation data (no evaluation without it).
+        """
+        ts = as_tasks(tasks)
+        xt = _tensor(x, "x")
+        y = _targets(targets, ts, len(xt), "targets")
+        parts = _partition(partition, len(xt), y, ts, clients, samples_per_client, alpha, seed, strata, ids)
+        test_t = None
+        if test is not None:
+            tx = _tensor(test[0], "test[0]")
+            test_t = (tx, _targets(test[1], ts, len(tx), "test[1]"))
+        return cls(ts, xt, y, parts, test_t)
+
+    def federated(self, dtype: torch.dtype, device: torch.device | str) -> FederatedData:
+        """The engines' :class:`~fedhv.data.federated.FederatedData` on ``device`` (floats in ``dtype``)."""
+        def conv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+        evals = {} if self.test is None else {"test": (conv(self.test[0]), self.test[1].to(device, dtype))}
+        return FederatedData(
+            task_names=tuple(t.name for t in self.tasks), num_classes=tuple(t.size for t in self.tasks),
+            train_x=conv(self.x), train_y=self.y.to(device, dtype), parts=self.parts.to(device),  # type: ignore[arg-type]  # RaggedParts indexes like a tensor
+            eval_sets=evals, augment=None, objective=TaskObjective(self.tasks),  # type: ignore[arg-type]
+        )

@@ -1,0 +1,78 @@
+"""The methods as configuration objects that build the round algorithms.
+
+``FedHV``: ``w^{t+1}_i ∝ 1 / max(r_i - F_i^t, rho_clip)`` from averaged client reports
+``F^t``; ``r`` given, or calibrated (``r = max_t F^t + margin`` over a uniform-weight run
+of ``calibration_rounds`` rounds). ``Uniform``: ``w = 1/m``. ``FSMGDA`` / ``FedCMOO``:
+min-norm weights of client gradients (options: :class:`~fedhv.config.schema.FSMGDAConfig`,
+:class:`~fedhv.config.schema.FedCMOOConfig`). All: ``theta^{t+1} = theta^t + eta_g mean_k Delta_k``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fedhv import algorithms as alg
+from fedhv.algorithms.base import Algorithm
+from fedhv.algorithms.fedcmoo import FedCMOO as _FedCMOO
+from fedhv.algorithms.fsmgda import FSMGDA as _FSMGDA
+from fedhv.config.schema import FedCMOOConfig, FSMGDAConfig
+from fedhv.models.params import TaskSlices
+
+
+@dataclass(frozen=True)
+class FedHV:
+    """FedHV (paper §3.3). ``reference=None`` calibrates it first."""
+
+    lr_global: float = 1.0
+    reference: Sequence[float] | None = None
+    rho_clip: float = 1e-6
+    report_batches: int | str = "all"
+    calibration_rounds: int = 20
+    margin: float = 0.15
+    calibration_seeds: tuple[int, ...] = (0,)
+    name = "fedhv"
+
+    def build(self, reference: Sequence[float], slices: TaskSlices, seed: int) -> Algorithm:
+        import numpy as np
+
+        return alg.FedHV(np.asarray(reference, dtype=np.float64), self.lr_global, self.rho_clip, self.report_batches)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Uniform scalarisation ``w = 1/m`` (FedAvg on the mean task loss)."""
+
+    lr_global: float = 1.0
+    name = "uniform"
+
+    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
+        return alg.Uniform(self.lr_global)
+
+
+@dataclass(frozen=True)
+class FSMGDA:
+    """FSMGDA (Yang et al., 2023): min-norm weights of the clients' task gradients."""
+
+    lr_global: float = 1.0
+    config: FSMGDAConfig = field(default_factory=FSMGDAConfig)
+    name = "fsmgda"
+
+    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
+        return _FSMGDA(slices, self.lr_global, **dataclasses.asdict(self.config))
+
+
+@dataclass(frozen=True)
+class FedCMOO:
+    """FedCMOO (Askin et al., 2025): compressed task gradients, server-side weight optimisation."""
+
+    lr_global: float = 1.0
+    config: FedCMOOConfig = field(default_factory=FedCMOOConfig)
+    name = "fedcmoo"
+
+    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
+        return _FedCMOO(slices, self.lr_global, seed=seed, **dataclasses.asdict(self.config))
+
+
+Method = FedHV | Uniform | FSMGDA | FedCMOO

@@ -1,0 +1,147 @@
+"""Any ``nn.Module`` in the simulator engines, through ``torch.func``.
+
+:class:`ModuleAdapter` wraps a user module that maps ``x [B, ...]`` to one output per task
+(a list, tuple or dict by task name) as a :class:`~fedhv.models.base.MultiTaskModel`:
+
+- every ``nn.Dropout`` is replaced by a keyed dropout that multiplies by the plan's
+  keep-mask (``h * mask / (1 - p)``; :mod:`fedhv.sim.plan`), so the sequential and the
+  batched engine draw identical masks and runs resume exactly; in eval mode it is the
+  identity, as ``nn.Dropout`` is;
+- :meth:`ModuleAdapter.forward_batched` runs ``n`` parameter copies at once with
+  ``vmap(functional_call(...), randomness="different")`` over ``(params [n, ...],
+  x [n, B, ...], masks [n, B, F])``.
+
+:func:`vmap_problem` tries one batched forward and backward; modules vmap cannot run
+(e.g. BatchNorm in train mode, which updates its running statistics in place) are
+then run by the sequential engine. Only parameters are federated; buffers stay local
+to the working copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from fedhv.errors import ConfigError
+from fedhv.models.base import MultiTaskModel
+
+
+class _MaskBox:
+    """The keep-masks of the current forward call (shared by the adapter and its dropouts)."""
+
+    masks: dict[str, torch.Tensor] | None = None
+
+
+class KeyedDropout(nn.Module):
+    """Inverted dropout with the caller's keep-mask for ``site`` (identity without one)."""
+
+    def __init__(self, p: float, site: str, box: _MaskBox) -> None:
+        super().__init__()
+        self.p, self.site, self._box = p, site, box
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        masks = self._box.masks
+        if not masks or self.site not in masks:
+            return h
+        return h * masks[self.site].reshape(h.shape).to(h.dtype) * (1.0 / (1.0 - self.p))
+
+
+class ModuleAdapter(MultiTaskModel):
+    """A user module as a :class:`MultiTaskModel` (a deep copy; the user's module is untouched).
+
+    Parameters
+    ----------
+    module : nn.Module
+        ``module(x) -> one output per task``.
+    task_names : tuple of str
+    example : Tensor
+        A few input rows, to measure the dropout sites' feature sizes.
+    heads : str
+        Attribute holding the per-task heads (``nn.ModuleList``/``Sequential``, one per
+        task), for the methods that separate encoder and heads (FSMGDA, FedCMOO).
+    """
+
+    def __init__(self, module: nn.Module, task_names: tuple[str, ...], example: torch.Tensor,
+                 heads: str = "heads") -> None:
+        super().__init__()
+        self.module = copy.deepcopy(module)
+        self.task_names = task_names
+        self.head_prefix = f"module.{heads}."
+        self._box = _MaskBox()
+        drops = [(n, m) for n, m in self.module.named_modules() if type(m) is nn.Dropout and m.p > 0]
+        probs = sorted({m.p for _, m in drops})
+        if len(probs) > 1:
+            raise ConfigError(f"the model's nn.Dropout layers use p = {probs}; the simulator draws one keep-mask "
+                              "probability per model, so give all nn.Dropout layers the same p")
+        self.dropout = probs[0] if probs else 0.0
+        shapes: dict[str, tuple[int, ...]] = {}
+        hooks = [m.register_forward_hook(lambda mod, inp, out, n=n: shapes.__setitem__(n, tuple(inp[0].shape[1:])))
+                 for n, m in drops]
+        was = self.module.training
+        with torch.no_grad():
+            self.module.eval()
+            self._outputs(self.module(example[:2]))
+        self.module.train(was)
+        for h in hooks:
+            h.remove()
+        self._sites = {n: math.prod(shapes[n]) for n, _ in drops}
+        for name, _ in drops:
+            parent, _, leaf = name.rpartition(".")
+            setattr(self.module.get_submodule(parent) if parent else self.module, leaf,
+                    KeyedDropout(self.dropout, name, self._box))
+
+    def dropout_sites(self) -> dict[str, int]:
+        return dict(self._sites)
+
+    def _outputs(self, out: Any) -> list[torch.Tensor]:
+        m = len(self.task_names)
+        if isinstance(out, dict):
+            missing = [n for n in self.task_names if n not in out]
+            if missing:
+                raise ConfigError(f"the model's output dict lacks the tasks {missing}; return one output per task")
+            return [out[n] for n in self.task_names]
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if len(outs) != m:
+            raise ConfigError(f"the model returned {len(outs)} output(s) for {m} tasks {list(self.task_names)}; "
+                              "return a list/tuple (or dict by task name) with one output per task")
+        return outs
+
+    def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        self._box.masks = masks
+        try:
+            return self._outputs(self.module(x))
+        finally:
+            self._box.masks = None
+
+    def forward_batched(self, params: dict[str, torch.Tensor], x: torch.Tensor,
+                        masks: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Outputs ``[n, B, ...]`` of ``n`` parameter copies on their own batches."""
+        def single(p: dict[str, torch.Tensor], xb: torch.Tensor, mb: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+            return functional_call(self, p, (xb, mb))
+
+        return vmap(single, randomness="different")(params, x, masks)
+
+
+def vmap_problem(model: ModuleAdapter, example: torch.Tensor) -> str | None:
+    """``None`` when a two-copy batched forward and backward runs, else the error's first line."""
+    params = {n: p.detach().unsqueeze(0).expand(2, *p.shape).clone().requires_grad_(True)
+              for n, p in model.named_parameters()}
+    x = example[:2].unsqueeze(0).expand(2, *example[:2].shape)
+    masks = {s: torch.ones(2, x.shape[1], f, dtype=torch.bool, device=example.device) for s, f in model.dropout_sites().items()}
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    try:
+        model.train()
+        outs = model.forward_batched(params, x, masks)
+        torch.autograd.grad(torch.stack([o.float().sum() for o in outs]).sum(), list(params.values()), allow_unused=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means: use the sequential engine
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])
+    return None
