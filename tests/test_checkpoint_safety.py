@@ -29,8 +29,8 @@ from fedhv.algorithms.fedhv import FedHVState
 from fedhv.algorithms.fsmgda import FSMGDAState
 from fedhv.algorithms.uniform import UniformState
 from fedhv.cli import main
-from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment import resume_experiment, run_experiment
+from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.calibration import CalibrationError, CalibrationResult, load_calibration
 from fedhv.experiment.checkpoint import (
     CHECKPOINT_FILE,

@@ -20,11 +20,12 @@ import pytest
 from PIL import Image
 
 from celeba_fixture import make_celeba
-from conftest import REPO, SMALL
 from fedhv.data.benchmarks import load_benchmark
 from fedhv.data.cache import cached_arrays
 from fedhv.data.cifar import CLASSES, load_cifar10
 from fedhv.errors import DataError
+
+from conftest import REPO, SMALL
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +110,7 @@ class _Unsaveable:
 
 
 def test_failed_cache_write_leaves_no_temporary_file(_own_cache: Path) -> None:
-    build = lambda: {"a": np.arange(1000), "b": _Unsaveable()}  # noqa: E731 - fails after "a" is written
+    build = lambda: {"a": np.arange(1000), "b": _Unsaveable()}
     with pytest.raises(RuntimeError, match="cannot be converted"):
         cached_arrays("thing", "k", build)  # type: ignore[arg-type, return-value]
     assert list(_own_cache.iterdir()) == []

@@ -130,3 +130,13 @@ def test_report_indices_draw_b_batches_from_the_report_stream() -> None:
     torch.testing.assert_close(got, local[perm[:9]].view(3, 3)[:2].reshape(-1), rtol=0, atol=0)
     assert len(set(got.tolist())) == 6
     assert report_indices(6, "train", 4, 9, local, "all", 3) is local
+
+
+def test_flip_is_strictly_below_the_probability() -> None:
+    """``flip = rand < p``: a draw exactly equal to ``p`` does not flip."""
+    draws = torch.rand(4, generator=torch_generator(1, "train", "flip", 0, 0, "train", 0))
+    p = float(draws[0])
+    plan = client_plan(1, "train", 0, 0, LOCAL, 4, 4, Augment(flip_prob=p), {}, 0.0)
+    assert plan.flips is not None
+    assert not bool(plan.flips[0])
+    torch.testing.assert_close(plan.flips, draws < p, rtol=0, atol=0)

@@ -151,3 +151,94 @@ def test_project_simplex_computes_in_float64() -> None:
     v64 = v.astype(np.float64)
     tau = (v64[0] + v64[1] + v64[2] - 1.0) / 3
     np.testing.assert_array_equal(out, np.maximum(v64 - tau, 0.0))
+
+
+# --------------------------------------------------------------------------- survivors of the full run
+
+
+def test_min_norm_two_ties_and_identical_vectors() -> None:
+    # reference clip, G12 = G22 (and < G11): the inclusive ``G12 >= G22`` gives 0.001
+    np.testing.assert_array_equal(min_norm_two(np.array([[2.0, 1.0], [1.0, 1.0]]), reference_clip=True),
+                                  [0.001, 1.0 - 0.001])
+    # identical vectors: denominator G11 + G22 - 2 G12 = 0 -> the documented 1/2, not 0/0
+    np.testing.assert_array_equal(min_norm_two(np.array([[1.0, 1.0], [1.0, 1.0]])), [0.5, 0.5])
+
+
+def test_wolfe_iteration_count_and_start_vertex() -> None:
+    """v = (1,1,0), (1,0,0), (2,0,2): G = [[2,1,2],[1,1,2],[2,2,8]]. Wolfe starts at the
+    vertex of smallest G_ii (e_1); there grad = G e_1 = (1, 1, 2) and value = 1, so the
+    first major iteration stops (gap 0): one iteration, even with tol = 0 (the gap test is
+    inclusive although grad's arg-min, index 0, is not in the corral)."""
+    g = np.array([[2.0, 1.0, 2.0], [1.0, 1.0, 2.0], [2.0, 2.0, 8.0]])
+    for tol in (1e-10, 0.0):
+        res = min_norm(g, tol=tol)
+        np.testing.assert_array_equal(res.weights, [0.0, 1.0, 0.0])
+        assert res.iterations == 1 and res.norm_sq == 1.0
+    cap = min_norm(g, max_iter=0)  # no major iteration: the start vertex, 0 iterations
+    np.testing.assert_array_equal(cap.weights, [0.0, 1.0, 0.0])
+    assert cap.iterations == 0
+
+
+def test_wolfe_iteration_cap_is_max_iter() -> None:
+    """The two-removal example needs 4 major iterations; ``max_iter`` = 1, 2 stop after 1, 2."""
+    v = np.array([[-4.0, -4.0, 2.0], [1.0, 7.0, 6.0], [-3.0, 4.0, -1.0], [-8.0, 1.0, -1.0],
+                  [-1.0, 6.0, 1.0], [-11.0, -2.0, -3.0]])
+    g = v @ v.T
+    assert [min_norm(g, max_iter=n).iterations for n in (1, 2, 1000)] == [1, 2, 4]
+
+
+def test_wolfe_tolerance_at_tiny_scales() -> None:
+    """max|G| ~ 2e-9: the stopping threshold is tol * max|G| (~2e-19), not tol * 1 (which
+    stops at a vertex). The tolerance 1e-6 is loose because the affine solve loses accuracy
+    at such scales (docs/testing.md, "bugs found")."""
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal((4, 6)) + 0.5
+    g = v @ v.T
+    want, _ = _brute_force_min_norm(g)
+    np.testing.assert_allclose(min_norm(1e-10 * g).weights, want, rtol=0, atol=1e-6)
+
+
+def test_gram_is_checked_and_computed_in_float64() -> None:
+    g = np.array([[1.1, 0.3, 0.2], [0.3, 0.9, 0.1], [0.2, 0.1, 1.3]])
+    got = min_norm(g.astype(np.float32))
+    want = min_norm(g.astype(np.float32).astype(np.float64))
+    assert got.weights.dtype == np.float64
+    np.testing.assert_array_equal(got.weights, want.weights)
+    # a non-symmetric float32 Gram is symmetrised in float64: G12 = (0.1f + 0.7f) / 2 exactly
+    g32 = np.array([[1.0, 0.1], [0.7, 2.0]], dtype=np.float32)
+    b = (float(g32[0, 1]) + float(g32[1, 0])) / 2
+    gamma = (2.0 - b) / (1.0 + 2.0 - 2 * b)
+    np.testing.assert_array_equal(min_norm_two(g32), [gamma, 1.0 - gamma])
+    with pytest.raises(ValueError, match=r"^Gram matrix has non-finite entries$"):
+        min_norm(np.array([[1.0, np.inf], [np.inf, 1.0]]))
+
+
+def test_compression_rank_and_power_iterations() -> None:
+    from fedhv.weighting.randsvd import compression_rank
+
+    assert compression_rank(4, 2) == 1  # floor(4 / (2 sqrt 8)) = 0 -> at least 1
+    assert compression_rank(800, 2) == 10 and compression_rank(800, 2, extra=2.0) == 20
+    g = torch.randn(800, 2, generator=_gen(2), dtype=torch.float64)
+    c0, _ = compress(g, 10, _gen(), power_iterations=0)
+    # no power iteration: Q = qr(A Omega), C = Q Q^T A (unarranged), drawn from the same Omega
+    from fedhv.weighting.randsvd import rearrange, unarrange
+
+    a = rearrange(g)
+    omega = torch.randn(a.shape[1], 11, generator=_gen(), dtype=torch.float64)
+    q, _ = torch.linalg.qr(a @ omega)
+    u, s, vh = torch.linalg.svd(q.T @ a, full_matrices=False)
+    want = unarrange(q @ (u[:, :10] * s[:10]) @ vh[:10], 800, 2)
+    torch.testing.assert_close(c0, want, rtol=0, atol=1e-12)
+
+
+def test_wolfe_step_to_the_first_zero_weight() -> None:
+    """Five integer points in R^3 (found by search) where the minor cycle's step
+    ``theta = min cur / (cur - alpha)`` matters: the optimum is (v_2 + 2 v_4) / 3 =
+    (2/3, -2/3, 2/3), squared norm 4/3."""
+    v = np.array([[0.0, -2.0, 0.0], [4.0, -2.0, 2.0], [-4.0, -2.0, 4.0], [3.0, -4.0, 3.0], [3.0, 0.0, -1.0]])
+    g = v @ v.T
+    want, value = _brute_force_min_norm(g)
+    got = min_norm(g)
+    np.testing.assert_allclose(want, [0, 0, 1 / 3, 0, 2 / 3], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.weights, want, rtol=0, atol=1e-12)
+    assert got.norm_sq == pytest.approx(4 / 3, rel=1e-12) and value == pytest.approx(4 / 3, rel=1e-12)

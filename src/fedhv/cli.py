@@ -67,7 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     flower_sub = flower.add_subparsers(dest="flower_command", required=True)
     local = flower_sub.add_parser("local", help="a SuperLink and --nodes SuperNodes on 127.0.0.1, one run")
     _common(local)
-    local.add_argument("--nodes", type=int, required=True, help="SuperNodes = clients (partition.clients)")
+    local.add_argument("--nodes", type=int, help="SuperNodes = clients (partition.clients); required unless --resume")
+    local.add_argument("--resume", metavar="RUN_DIR", help="continue the interrupted Flower (or fedhv run) run in "
+                       "RUN_DIR from its last checkpoint (give no SETTING)")
+    local.add_argument("--tls", action="store_true", help="TLS to the SuperLink with a fresh test CA (docs/flower.md)")
+    local.add_argument("--auth", action="store_true", help="SuperNode authentication (needs --tls): one registered "
+                       "key per SuperNode")
     local.add_argument("--method", help="fedhv (default), uniform, fsmgda or fedcmoo")
     local.add_argument("--seed", type=int, help="training seed (default 0)")
     local.add_argument("--rounds", type=int, help="number of adaptive rounds")
@@ -188,13 +193,30 @@ def _flower(args: argparse.Namespace) -> int:
     from fedhv.flower import require_flwr
 
     require_flwr()
-    if not args.setting:
-        raise UsageError("fedhv flower local: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    from fedhv.flower.local import local_config, run_local, sigterm_raises
+    from fedhv.flower.local import local_config, resume_config, run_local, sigterm_raises
 
-    cfg = local_config(args.setting, args.nodes, _overrides(args))
+    resume = None
+    if args.resume:
+        extra = [flag for flag, value in (("SETTING", args.setting), ("--set", args.overrides),
+                                          ("--data-dir", args.data_dir), ("--method", args.method),
+                                          ("--seed", args.seed), ("--rounds", args.rounds), ("--out", args.out))
+                 if value is not None and value != []]
+        if extra:
+            raise UsageError(f"--resume continues a run with the configuration in its config.toml; drop "
+                             f"{', '.join(extra)}")
+        resume, cfg = args.resume, resume_config(args.resume)
+        if args.nodes is not None and args.nodes != cfg.partition.clients:
+            raise UsageError(f"--nodes {args.nodes} but the run has partition.clients = {cfg.partition.clients}; "
+                             f"drop --nodes or give --nodes {cfg.partition.clients}")
+        args.nodes = cfg.partition.clients
+    elif not args.setting:
+        raise UsageError("fedhv flower local: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
+    elif args.nodes is None:
+        raise UsageError("fedhv flower local: give --nodes N (one SuperNode per client)")
+    else:
+        cfg = local_config(args.setting, args.nodes, _overrides(args))
     bar = tqdm(total=cfg.rounds, desc=f"flower {cfg.setting} {cfg.method} s{cfg.seed} ({args.nodes} nodes)",
                disable=args.quiet, dynamic_ncols=True, mininterval=0.5)
 
@@ -203,8 +225,9 @@ def _flower(args: argparse.Namespace) -> int:
 
     with sigterm_raises():
         try:
-            run_dir = run_local(cfg, args.nodes, args.out, isolation=args.isolation,
-                                stage_timeout=args.stage_timeout, progress=progress)
+            run_dir = run_local(None if resume else cfg, args.nodes, args.out, isolation=args.isolation,
+                                stage_timeout=args.stage_timeout, progress=progress, tls=args.tls, auth=args.auth,
+                                resume=resume)
         finally:
             bar.close()
     import json

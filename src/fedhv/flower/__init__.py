@@ -8,7 +8,8 @@ import it: ``node`` (a SuperNode's computation) does not, the others do.
 - :mod:`fedhv.flower.federation`: the ``Federation`` over a ``Grid``;
 - :mod:`fedhv.flower.server`: the ``ServerApp`` (``fedhv.flower.server:app``);
 - :mod:`fedhv.flower.executor`: a long-lived ClientApp process (``--isolation process``);
-- :mod:`fedhv.flower.local`: ``fedhv flower local``.
+- :mod:`fedhv.flower.local`: ``fedhv flower local``;
+- :mod:`fedhv.flower.certs`: test TLS certificates and SuperNode authentication keys.
 """
 
 from __future__ import annotations

@@ -75,14 +75,18 @@ def stage(msg: Message, context: Context) -> Message:
         raise NodeError(f"round {order.round + 1}: the model this node holds is not the server's (its Context.state "
                         "was not updated after the last stage); the server must send the model")
     grads = None
+    # held gradients only count for the same run, round, stream and model they were computed at
     if (held is not None and "gradients" in held and meta is not None and as_int(meta["round"], "round") == order.round
-            and str(meta["stream"]) == order.stream and as_int(meta["seed"], "seed") == order.seed):
+            and str(meta["stream"]) == order.stream and as_int(meta["seed"], "seed") == order.seed
+            and meta.get("model-sha") == fields["model-sha"] and meta.get("config-sha") == fields["config-sha"]):
         grads = torch.from_numpy(held["gradients"].numpy())
     result = worker.serve(theta, order, grads)
     keep = {"theta": Array(theta.numpy())}
     if result.gradients is not None:
         keep["gradients"] = Array(np.ascontiguousarray(result.gradients))
-        context.state[_HELD_META] = ConfigRecord({"round": order.round, "stream": order.stream, "seed": order.seed})
+        context.state[_HELD_META] = ConfigRecord({"round": order.round, "stream": order.stream, "seed": order.seed,
+                                                  "model-sha": str(fields["model-sha"]),
+                                                  "config-sha": str(fields["config-sha"])})
     elif grads is not None:
         keep["gradients"] = Array(grads.numpy())
     context.state[HELD] = ArrayRecord(keep)

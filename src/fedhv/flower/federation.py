@@ -9,7 +9,15 @@ reply with :mod:`fedhv.algorithms.validation`, as the simulator does. A client t
 not answer in time is *dropped*, one whose reply is a Flower error or fails validation
 is *rejected*; either way it is out of the rest of the round. Bytes are the serialized
 sizes of the message contents actually sent and received (per client, the mean over
-the clients of the stage).
+the clients of the stage). A SuperNode that died is answered by the SuperLink itself
+(``NODE_UNAVAILABLE``, sent from the SuperLink's node id, after its heartbeat patience): that
+is no reply of the client's, so it is dropped too.
+
+Faults: with ``faults.corrupt_reports`` / ``corrupt_updates`` / ``poison_updates`` set, the
+nodes put the simulator's garbage in their replies in training rounds
+(:meth:`fedhv.flower.node.NodeWorker.corrupted`, keyed by the stage index sent in the
+message); the federation's copy of the injector only tells that garbage from a client's
+own divergence, as :class:`~fedhv.sim.federation.SimFederation` does.
 
 Client-held tensors: a request's ``first_step`` (FedCMOO's first local step
 ``W @ G_k``) is not sent; the nodes keep the gradients ``G_k`` of the round's last
@@ -35,12 +43,14 @@ from fedhv.algorithms.validation import (
     ClientReply,
     NoValidReplies,
     ReplySpec,
+    is_non_finite,
     norm_outliers,
     reply_problem,
     stack_replies,
 )
 from fedhv.errors import FedHVError
 from fedhv.flower.protocol import HELLO, NODE, as_int, client_reply, content_bytes, stage_content
+from fedhv.sim.faults import FaultInjector, no_faults
 
 log = logging.getLogger("fedhv")
 
@@ -130,11 +140,12 @@ class FlowerFederation:
 
     def __init__(self, grid: Grid, nodes: NodeMap, clients: np.ndarray, round_idx: int, seed: int, stream: str,
                  config_sha: str, num_tasks: int, timeout: float | None = None, max_update_norm: float = 0.0,
-                 max_norm_ratio: float = 0.0) -> None:
+                 max_norm_ratio: float = 0.0, faults: FaultInjector | None = None) -> None:
         self.grid, self.nodes = grid, nodes
         self.round_idx, self.seed, self.stream, self.sha = round_idx, seed, stream, config_sha
         self.num_tasks, self.timeout = num_tasks, timeout
         self.max_update_norm, self.max_norm_ratio = max_update_norm, max_norm_ratio
+        self.faults = faults or no_faults()
         self.dropped: list[int] = []
         self.rejected: list[tuple[int, str]] = []
         self.diverged: list[tuple[int, str]] = []
@@ -187,7 +198,7 @@ class FlowerFederation:
                 self._drop(c, "no SuperNode holds its partition")
                 continue
             content = stage_content(theta, request, self.round_idx, self.seed, self.stream, self.sha, c,
-                                    self.num_tasks)
+                                    self.num_tasks, self.stages + 1)  # the simulator's stage key
             down.append(content_bytes(content))
             messages.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                     group_id=f"{self.stream}-{self.seed}-{self.round_idx + 1}"))
@@ -234,8 +245,9 @@ class FlowerFederation:
             problem = reply_problem(reply, spec)
             if problem is None:
                 valid.append(reply)
-            else:
-                self._reject(c, problem, own="non-finite values" in problem)
+            else:  # garbage the node was configured to send (faults.*) is no sign of divergence
+                injected = self.faults.active and self.faults.corrupt(reply, self.round_idx, self.stages) is not reply
+                self._reject(c, problem, own=not injected and is_non_finite(problem))
         outliers = norm_outliers(valid, spec)
         for reply, problem in zip(valid, outliers):
             if problem is not None:

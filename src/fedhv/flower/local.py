@@ -18,6 +18,13 @@ SuperLink's Control API, and stops every process it started, by process group id
 even when the ServerApp fails: the run counts as done only when Flower reports it
 ``finished:completed`` *and* ``summary.json`` exists.
 
+With ``tls`` the SuperLink serves HTTPS with a fresh test CA's certificate
+(:mod:`fedhv.flower.certs`) and every client of it verifies the CA; with ``auth`` each
+SuperNode's key is registered (``flwr supernode register``) before it starts with
+``--auth-supernode-private-key``. A SuperNode (or ClientApp process) that dies during a
+run is reported and the run goes on (its clients are dropped); only the SuperLink's death
+ends it. ``resume`` continues an unfinished run directory.
+
 Telemetry and the update check are off (``FLWR_TELEMETRY_ENABLED=0``,
 ``FLWR_DISABLE_UPDATE_CHECK=1``).
 """
@@ -115,7 +122,12 @@ class Deployment:
     env: dict[str, str]
     nodes: int
     port: int
+    root_certificates: str | None = None
+    isolation: str = "process"
+    supernode_cmd: list[str] = field(default_factory=list)
+    auth: bool = False
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)
     logs: list[IO[bytes]] = field(default_factory=list)
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -126,33 +138,87 @@ class Deployment:
         self.procs.append((name, proc))
         return proc
 
+    def node_key(self, name: str) -> Path:
+        """A fresh SuperNode authentication key pair in the work directory; returns the private key."""
+        from fedhv.flower.certs import make_node_key
+
+        return make_node_key(self.workdir / "keys", name)[0]
+
+    def register(self, key: Path) -> int:
+        """Register the public key ``key.pub`` with the SuperLink (``flwr supernode register``); the node id."""
+        res = subprocess.run([_bin("flwr"), "supernode", "register", f"{key}.pub", "local", "--format", "json"],
+                             env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=60, check=False)
+        try:
+            return int(json.loads(res.stdout)["node-id"])
+        except (ValueError, KeyError, TypeError):
+            raise FlowerRunError(f"flwr supernode register {key}.pub failed (status {res.returncode}): "
+                                 f"{(res.stdout + res.stderr).strip()[-500:]}") from None
+
+    def start_node(self, k: int, key: Path | None = None, name: str | None = None,
+                   clientapp: bool = True) -> subprocess.Popen[bytes]:
+        """Start the SuperNode of partition ``k`` (and, under ``process`` isolation and with ``clientapp``,
+        its ClientApp process); ``key``: its authentication private key. Returns the SuperNode process."""
+        name = name or f"supernode-{k}"
+        port = free_ports(1)[0]
+        tls = ["--insecure"] if self.root_certificates is None else ["--root-certificates", self.root_certificates]
+        auth = [] if key is None else ["--auth-supernode-private-key", str(key)]
+        node = self.start(name, [
+            *self.supernode_cmd, *tls, *auth, "--superlink", f"127.0.0.1:{self.port}",
+            "--node-config", f"partition-id={k} num-partitions={self.nodes}", "--isolation", self.isolation,
+            "--host", "127.0.0.1", "--port", str(port),
+        ])
+        if self.isolation == "process" and clientapp:
+            _wait_port(port, node, name, self.workdir)
+            self.start(name.replace("supernode", "clientapp"), [
+                sys.executable, "-m", "fedhv.flower.executor", "--runtime-api-address", f"127.0.0.1:{port}",
+                "--parent-pid", str(node.pid)])
+        return node
+
     @property
     def pids(self) -> list[int]:
         return [p.pid for _, p in self.procs]
 
     def check_alive(self) -> None:
+        """Raise when the SuperLink exited; a SuperNode (or ClientApp process) that exited is
+        reported once on stderr and the run goes on: its clients count as dropped."""
         for name, proc in self.procs:
-            if proc.poll() is not None:
+            if proc.poll() is None:
+                continue
+            if name == "superlink":
                 raise FlowerRunError(f"{name} (pid {proc.pid}) exited with status {proc.returncode}; see "
                                      f"{self.workdir / (name + '.log')}")
+            if name not in self.lost:
+                self.lost.add(name)
+                print(f"warning: {name} (pid {proc.pid}) exited with status {proc.returncode}; its client is "
+                      f"dropped from every later stage (see {self.workdir / (name + '.log')})", file=sys.stderr)
 
-    def submit(self, cfg: RunConfig, out: str | Path | None = None, *, stage_timeout: float = 0.0,
-               progress: Callable[[int, int], None] | None = None) -> Path:
+    def submit(self, cfg: RunConfig | None, out: str | Path | None = None, *, stage_timeout: float = 0.0,
+               progress: Callable[[int, int], None] | None = None, resume: str | Path | None = None) -> Path:
         """Run ``cfg`` (``flwr run``), follow it to the end; returns the run directory.
 
+        ``resume``: continue that unfinished run directory instead (``cfg`` and ``out``
+        are then ``None``; its ``config.toml`` is the configuration).
         ``progress(done, total)`` is called as rounds finish. Raises
         :class:`FlowerRunError` when a process dies or the run does not complete.
         """
+        if resume is not None:
+            if cfg is not None or out is not None:
+                raise FlowerRunError("--resume continues a run with its own config.toml; drop the setting and --out")
+            cfg = resume_config(resume)
+            out = resume
+        if cfg is None:
+            raise FlowerRunError("submit: give a configuration or a run directory to resume")
         if self.nodes != cfg.partition.clients:
             raise FlowerRunError(f"--nodes {self.nodes} but partition.clients = {cfg.partition.clients}; one "
                                  f"SuperNode serves one partition: use --nodes {cfg.partition.clients}")
         run_dir = Path(out if out is not None else default_out(cfg)).resolve()
         app_dir = Path(tempfile.mkdtemp(prefix="app-", dir=self.workdir))
         (app_dir / "config.toml").write_text(dumps(to_dict(cfg)))
-        (app_dir / "pyproject.toml").write_text(app_pyproject({
-            "config": str(app_dir / "config.toml"), "out": str(run_dir), "stage-timeout": float(stage_timeout),
-            "node-wait": 120.0,
-        }))
+        run_config: dict[str, Any] = {"config": str(app_dir / "config.toml"), "out": str(run_dir),
+                                      "stage-timeout": float(stage_timeout), "node-wait": 120.0}
+        if resume is not None:
+            run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir)}
+        (app_dir / "pyproject.toml").write_text(app_pyproject(run_config))
         submit = subprocess.run([_bin("flwr"), "run", str(app_dir), "local", "--format", "json"], env=self.env,
                                 cwd=self.workdir, capture_output=True, text=True, timeout=120, check=False)
         try:
@@ -160,7 +226,7 @@ class Deployment:
         except (ValueError, KeyError, TypeError):
             raise FlowerRunError(f"flwr run did not start the run (status {submit.returncode}): "
                                  f"{(submit.stdout + submit.stderr).strip()[-500:]}") from None
-        _follow(self, self.port, run_id, run_dir, cfg.rounds, progress)
+        _follow(self, run_id, run_dir, cfg.rounds, progress)
         return run_dir
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -198,7 +264,7 @@ def _bin(name: str) -> str:
     return str(here) if here.exists() else name
 
 
-def _run_status(control_port: int, run_id: int) -> str:
+def _run_status(control_port: int, run_id: int, root_certificates: str | None = None) -> str:
     """``status[:sub-status]`` of a run from the SuperLink's Control API (in process)."""
     # flwr prints "Using SuperLink: ..." each time, and its click use warns of deprecations
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -207,13 +273,24 @@ def _run_status(control_port: int, run_id: int) -> str:
         from flwr.cli.typing import SuperLinkConnection
         from flwr.cli.utils import init_http_client_from_connection
 
-        conn = SuperLinkConnection(name="fedhv-local", address=f"127.0.0.1:{control_port}", insecure=True)
+        conn = SuperLinkConnection(name="fedhv-local", address=f"127.0.0.1:{control_port}",
+                                   insecure=root_certificates is None, root_certificates=root_certificates)
         client = init_http_client_from_connection(conn)
         try:
             rows = _display_one_run(client, run_id)
         finally:
             client.close()
     return rows[0].status_text if rows else ""
+
+
+def resume_config(run_dir: str | Path) -> RunConfig:
+    """The configuration of the run directory ``run_dir`` to resume (one-line error when it is none)."""
+    from fedhv.config.loader import config_from_toml_text
+
+    path = Path(run_dir) / "config.toml"
+    if not path.is_file():
+        raise FlowerRunError(f"--resume {run_dir}: no config.toml there; give the directory of a fedhv run")
+    return config_from_toml_text(path.read_text())
 
 
 def default_out(cfg: RunConfig) -> Path:
@@ -224,52 +301,64 @@ def default_out(cfg: RunConfig) -> Path:
 
 @contextlib.contextmanager
 def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
-                     keep_workdir: bool = False) -> Iterator[Deployment]:
+                     keep_workdir: bool = False, tls: bool = False, auth: bool = False) -> Iterator[Deployment]:
     """A SuperLink and ``nodes`` SuperNodes (partition ``K`` of ``nodes`` each) on 127.0.0.1.
 
     Runs are submitted with :meth:`Deployment.submit` (several may run one after the
     other). ``isolation="process"``: one long-lived ClientApp process per SuperNode
     (:mod:`fedhv.flower.executor`); ``"subprocess"``: Flower's fresh process per message.
     ``poll_s``: the SuperNodes' idle poll (:mod:`fedhv.flower.supernode`; ``None`` =
-    Flower's own ``flower-supernode`` and its 3 s). On exit every started process group
-    is stopped; the work directory (logs) is removed unless a run failed or
+    Flower's own ``flower-supernode`` and its 3 s). ``tls``: a fresh test CA and SuperLink
+    certificate (:mod:`fedhv.flower.certs`); every connection to the SuperLink (SuperNodes,
+    ``flwr run``, the ServerApp) is TLS, verified against the CA. ``auth`` (needs ``tls``):
+    SuperNode authentication; each SuperNode gets its own P-384 key, registered with
+    ``flwr supernode register`` before it starts. On exit every started process group
+    is stopped; the work directory (logs, certificates) is removed unless a run failed or
     ``keep_workdir``.
     """
     if nodes < 1:
         raise FlowerRunError(f"--nodes {nodes}: need at least one SuperNode; give --nodes 1 or more")
     if isolation not in ("process", "subprocess"):
         raise FlowerRunError(f"isolation {isolation!r} is not known; use \"process\" or \"subprocess\"")
+    if auth and not tls:
+        raise FlowerRunError("--auth without --tls: Flower's SuperNode authentication needs TLS; add --tls")
     workdir = Path(tempfile.mkdtemp(prefix="fedhv-flower-"))
     home = workdir / "flwr-home"
     home.mkdir()
     # Flower starts flwr-serverapp / flower-superexec / flwr-clientapp from PATH: this interpreter's first.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path}
-    link_port, *node_rt = free_ports(1 + nodes)  # flwr 1.42: one HTTP port for Fleet, Control and Runtime APIs
+    link_port = free_ports(1)[0]  # flwr 1.42: one HTTP port for Fleet, Control and Runtime APIs
+    link_tls = ["--insecure"]
+    conn = "insecure = true"
+    root = None
+    if tls:
+        from fedhv.flower.certs import make_tls
+
+        paths = make_tls(workdir / "certs")
+        root = str(paths["ca"])
+        link_tls = ["--ssl-ca-certfile", root, "--ssl-certfile", str(paths["cert"]), "--ssl-keyfile",
+                    str(paths["key"])] + (["--enable-supernode-auth"] if auth else [])
+        conn = f"root-certificates = {json.dumps(root)}"
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n')
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{conn}\n')
     if poll_s is not None:
         env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
     supernode_cmd = [_bin("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
-    dep = Deployment(workdir, env, nodes, link_port)
+    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth)
     ok = False
     try:
         link = dep.start("superlink", [
-            _bin("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
+            _bin("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(link_port),
         ])
         _wait_port(link_port, link, "superlink", workdir)
-        for k, port in enumerate(node_rt):
-            node = dep.start(f"supernode-{k}", [
-                *supernode_cmd, "--insecure", "--superlink", f"127.0.0.1:{link_port}",
-                "--node-config", f"partition-id={k} num-partitions={nodes}", "--isolation", isolation,
-                "--host", "127.0.0.1", "--port", str(port),
-            ])
-            if isolation == "process":
-                _wait_port(port, node, f"supernode-{k}", workdir)
-                dep.start(f"clientapp-{k}", [sys.executable, "-m", "fedhv.flower.executor",
-                                             "--runtime-api-address", f"127.0.0.1:{port}",
-                                             "--parent-pid", str(node.pid)])
+        for k in range(nodes):
+            key = None
+            if auth:
+                key = dep.node_key(f"node-{k}")
+                dep.register(key)
+            dep.start_node(k, key)
         yield dep
         ok = True
     finally:
@@ -278,18 +367,20 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_local(cfg: RunConfig, nodes: int, out: str | Path | None = None, *, isolation: str = "process",
+def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, *, isolation: str = "process",
               stage_timeout: float = 0.0, poll_s: float | None = 0.1, progress: Callable[[int, int], None] | None = None,
-              on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False) -> Path:
-    """Run ``cfg`` on a fresh :func:`local_deployment` of ``nodes`` SuperNodes; returns the run
-    directory. ``on_start`` sees the deployment once every process runs."""
-    with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir) as dep:
+              on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False, tls: bool = False,
+              auth: bool = False, resume: str | Path | None = None) -> Path:
+    """Run ``cfg`` (or ``resume`` a run directory) on a fresh :func:`local_deployment` of ``nodes``
+    SuperNodes; returns the run directory. ``on_start`` sees the deployment once every process runs."""
+    with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
+                          auth=auth) as dep:
         if on_start is not None:
             on_start(dep)
-        return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress)
+        return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume)
 
 
-def _follow(dep: Deployment, control: int, run_id: int, run_dir: Path, rounds: int,
+def _follow(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
             progress: Callable[[int, int], None] | None) -> None:
     """Wait for the run to finish, reporting rounds; raise unless it completed with a summary."""
     done, status, last_poll = -1, "", 0.0
@@ -301,7 +392,7 @@ def _follow(dep: Deployment, control: int, run_id: int, run_dir: Path, rounds: i
         done = lines
         if time.monotonic() - last_poll > 1.0:
             last_poll = time.monotonic()
-            status = _run_status(control, run_id)
+            status = _run_status(dep.port, run_id, dep.root_certificates)
             if status.startswith("finished"):
                 break
         time.sleep(0.2)

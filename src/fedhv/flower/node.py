@@ -18,12 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedhv.algorithms.validation import ClientReply
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import FedHVError
 from fedhv.experiment.setup import federated_data, new_model
 from fedhv.sim.engine import SequentialEngine
+from fedhv.sim.faults import FaultInjector, no_faults
 
 
 class NodeError(FedHVError):
@@ -65,6 +67,7 @@ class StageOrder:
     gradients: np.ndarray | None = None
     train: np.ndarray | None = None
     first_step_held: bool = False
+    stage: int = 0
 
 
 @dataclass
@@ -137,7 +140,33 @@ class NodeWorker:
                 w = e.as_tensor(order.train)
                 first = torch.einsum("ti,id->td", w, held.to(device=e.device, dtype=e.dtype)).unsqueeze(0)
             out.deltas = e.train(theta, clients, order.train, t, first)[0].detach().cpu().numpy()
-        return out
+        return self.corrupted(out, order)
+
+    def faults(self, seed: int, stream: str) -> FaultInjector:
+        """The run's ``faults.*`` garbage injection, as the simulator applies it: training rounds only."""
+        if stream != "train":
+            return no_faults()
+        f = self.cfg.faults
+        return FaultInjector(corrupt_reports=f.corrupt_reports, corrupt_updates=f.corrupt_updates,
+                             poison_updates=f.poison_updates, seed=seed, stream=stream)
+
+    def corrupted(self, out: StageResult, order: StageOrder) -> StageResult:
+        """``out`` with the garbage ``faults.corrupt_*`` / ``poison_updates`` put in the simulator's
+        client replies (same keyed draws): a node configured to misbehave really sends it."""
+        injector = self.faults(order.seed, order.stream)
+        if not injector.active:
+            return out
+        reply = ClientReply(self.client, report=None if out.report is None else torch.from_numpy(out.report),
+                            deltas=None if out.deltas is None else torch.from_numpy(out.deltas),
+                            gradients=None if out.gradients is None else torch.from_numpy(out.gradients))
+        bad = injector.corrupt(reply, order.round, order.stage)
+        if bad is reply:
+            return out
+
+        def arr(x: object) -> np.ndarray | None:
+            return None if x is None else torch.as_tensor(x).detach().cpu().numpy()
+
+        return StageResult(report=arr(bad.report), gradients=arr(bad.gradients), deltas=arr(bad.deltas))
 
 
 _WORKERS: dict[tuple[str, int, int], NodeWorker] = {}

@@ -9,7 +9,7 @@ Stage (``train`` message), server to node:
 - ``ArrayRecord "fedhv.model"``: ``theta`` (absent when the stage sends no model: the
   node reuses the model it received last, as the protocol's clients do);
 - ``ConfigRecord "fedhv.stage"``: ``round``, ``seed``, ``stream``, ``config-sha``,
-  ``client``, ``model-sha`` (the model's SHA-256: a node that did not receive it checks
+  ``client``, ``stage`` (the stage's index in the round: keys the fault injection), ``model-sha`` (the model's SHA-256: a node that did not receive it checks
   the one it holds), ``report`` (``""`` = none, ``"all"`` or a batch count), the task-weight
   rows ``gradient-rows`` / ``train-rows`` (flattened float64 lists, ``[]`` = none) with
   ``tasks`` = ``m``, and ``first-step`` (``"held-gradients"`` or ``""``);
@@ -63,11 +63,12 @@ def _rows(weights: np.ndarray | None) -> list[float]:
 
 
 def stage_content(theta: torch.Tensor, request: Request, round_idx: int, seed: int, stream: str, sha: str,
-                  client: int, num_tasks: int) -> RecordDict:
-    """The content of one stage message to ``client``."""
+                  client: int, num_tasks: int, stage_idx: int = 0) -> RecordDict:
+    """The content of one stage message to ``client`` (``stage_idx``: the stage's index in the round)."""
     report = "" if request.report is None else str(request.report)
     stage = ConfigRecord({
         "round": int(round_idx), "seed": int(seed), "stream": stream, "config-sha": sha, "client": int(client),
+        "stage": int(stage_idx),
         "report": report, "tasks": int(num_tasks),
         "gradient-rows": _rows(request.gradients), "train-rows": _rows(request.train),
         "first-step": HELD_GRADIENTS if request.first_step is not None else "",
@@ -101,7 +102,7 @@ def stage_order(content: RecordDict) -> tuple[StageOrder, dict[str, Any]]:
         round=as_int(stage["round"], "round"), seed=as_int(stage["seed"], "seed"), stream=str(stage["stream"]),
         report=None if report == "" else ("all" if report == "all" else as_int(report, "report")),
         gradients=_matrix(stage["gradient-rows"], m), train=_matrix(stage["train-rows"], m),
-        first_step_held=stage["first-step"] == HELD_GRADIENTS,
+        first_step_held=stage["first-step"] == HELD_GRADIENTS, stage=as_int(stage.get("stage", 0), "stage"),
     )
     return order, stage
 

@@ -32,6 +32,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.experiment.loop import FederationFactory
 from fedhv.flower.federation import FlowerFederation, handshake
 from fedhv.flower.node import config_sha
+from fedhv.sim.faults import FaultInjector
 
 app = ServerApp()
 log = logging.getLogger("fedhv")
@@ -47,8 +48,13 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
     num_tasks = len(BUILDERS[cfg.data.benchmark].task_names)
 
     def factory(clients: np.ndarray, round_idx: int, seed: int, stream: str) -> FlowerFederation:
+        # the nodes inject the configured garbage (faults.corrupt_*, poison_updates) in training rounds,
+        # as the simulator does; the server's copy only tells injected garbage from divergence
+        f = cfg.faults
+        faults = FaultInjector(corrupt_reports=f.corrupt_reports, corrupt_updates=f.corrupt_updates,
+                               poison_updates=f.poison_updates, seed=seed, stream=stream) if stream == "train" else None
         return FlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, timeout,
-                                v.max_update_norm, v.max_update_norm_ratio)
+                                v.max_update_norm, v.max_update_norm_ratio, faults)
 
     return factory
 
