@@ -133,9 +133,13 @@ class Deployment:
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self.logs.append(log)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
-                                start_new_session=True)
-        self.procs.append((name, proc))
+        proc = None
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+                                    start_new_session=True)
+        finally:  # an interrupt right after the start must not leave an untracked process
+            if proc is not None:
+                self.procs.append((name, proc))
         return proc
 
     def node_key(self, name: str) -> Path:
@@ -242,8 +246,27 @@ class Deployment:
                 os.killpg(proc.pid, signal.SIGKILL)  # the group: also the ServerApp / ClientApp children
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+        for pid in _children(os.getpid()):  # started but not yet tracked when a stop request arrived
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         for log in self.logs:
             log.close()
+
+
+def _children(parent: int) -> list[int]:
+    """PIDs of ``parent``'s live child processes that lead their own session (Linux ``/proc``; else none)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == parent and int(fields[3]) == int(entry) and fields[0] != "Z":
+            found.append(int(entry))
+    return found
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, workdir: Path, wait_s: float = 60.0) -> None:
