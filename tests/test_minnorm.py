@@ -95,3 +95,17 @@ def test_bad_gram_rejected() -> None:
         min_norm(np.ones((2, 3)))
     with pytest.raises(ValueError, match="non-finite"):
         min_norm(np.array([[1.0, np.nan], [np.nan, 1.0]]))
+
+
+@pytest.mark.parametrize("factor", [1e-12, 1e-6, 1e8])
+@pytest.mark.parametrize("seed", range(4))
+def test_min_norm_weights_are_scale_invariant_for_three_or_more_tasks(factor: float, seed: int) -> None:
+    # Gradients of tiny or huge magnitude (late training, exploding loss) must get the same
+    # weights: the min-norm problem over the simplex is invariant to G -> c G, c > 0.
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(4, 6))
+    g = v @ v.T
+    base = min_norm(g)
+    scaled = min_norm(factor * g)
+    np.testing.assert_allclose(scaled.weights, base.weights, atol=1e-9)
+    assert scaled.norm_sq == pytest.approx(factor * base.norm_sq, rel=1e-9)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedhv.data.partition import dirichlet_partition, label_histograms
 from fedhv.errors import ConfigError
@@ -45,3 +47,34 @@ def test_impossible_requests_are_rejected() -> None:
         dirichlet_partition(_strata(n=600), 2, 700, 0.3, seed=1)
     with pytest.raises(ConfigError, match="alpha"):
         dirichlet_partition(_strata(), 2, 10, 0.0, seed=1)
+
+
+@pytest.mark.filterwarnings("ignore:the partition recycled")
+def test_second_recycling_path_keeps_exact_rows() -> None:
+    # Six samples in two strata, six clients of four: the leftovers run short, so the partition
+    # reshuffles every stratum; each later client must still get four distinct samples.
+    parts = dirichlet_partition(np.array([0, 0, 0, 1, 1, 1]), 6, 4, 1.0, 0)
+    assert parts.shape == (6, 4)
+    assert all(len(set(row.tolist())) == 4 for row in parts)
+    assert set(np.unique(parts).tolist()) == set(range(6))
+
+
+@pytest.mark.filterwarnings("ignore:the partition recycled")
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(2, 14),
+    st.data(),
+    st.sampled_from([0.05, 0.3, 1.0, 100.0]),
+    st.integers(0, 2**16),
+)
+def test_partition_rows_are_exact_for_any_feasible_request(
+    keys: int, n: int, data: st.DataObject, alpha: float, seed: int
+) -> None:
+    strata = np.random.default_rng(seed).integers(0, keys, n)
+    clients = data.draw(st.integers(1, n), label="clients")
+    size = data.draw(st.integers(1, n), label="samples_per_client")
+    parts = dirichlet_partition(strata, clients, size, alpha, seed)
+    assert parts.shape == (clients, size)
+    assert parts.min() >= 0 and parts.max() < n
+    assert all(len(set(row.tolist())) == size for row in parts)

@@ -91,10 +91,13 @@ def dirichlet_partition(
         if short > 0:
             leftovers = [(k, i) for k in range(len(keys)) for i in pools[k]]
             if len(leftovers) < short:
+                # Reshuffle every stratum; the client's own samples stay out of the pools (no
+                # duplicates within a row) but remain in circulation as ``used`` for later clients.
                 mine_set = set(mine)
                 for k in range(len(keys)):
-                    pools[k] = [i for i in rng.permutation(pools[k] + used[k]) if i not in mine_set]
-                    used[k] = []
+                    everything = pools[k] + used[k]
+                    used[k] = [i for i in everything if i in mine_set]
+                    pools[k] = [i for i in rng.permutation(everything) if i not in mine_set]
                 recycled += 1
                 leftovers = [(k, i) for k in range(len(keys)) for i in pools[k]]
             order = rng.permutation(len(leftovers))[::-1][:short]

@@ -84,7 +84,12 @@ def min_norm(gram: np.ndarray, max_iter: int = 1000, tol: float = 1e-10, referen
     if m == 2:
         w = min_norm_two(g, reference_clip)
         return MinNormResult(w, float(w @ g @ w), 0)
-    lam, it = _wolfe(g, max_iter, tol)
+    # The solver runs on G / max|G_ij|: the bordered affine systems in ``_affine_minimizer``
+    # are then equally conditioned whatever the gradients' scale, so the weights are
+    # scale-invariant (min-norm weights of c * G equal those of G for any c > 0).
+    scale = float(np.abs(g).max())
+    unit = g / scale if scale > 0 else g
+    lam, it = _wolfe(unit, max_iter, tol)
     lam = project_simplex(lam)
     return MinNormResult(lam, float(lam @ g @ lam), it)
 
