@@ -47,3 +47,14 @@ SMALL = [
     "data.max_test_samples=500",
     "eval.test_period=1",
 ]
+
+
+@pytest.fixture(scope="session")
+def flower_deployment(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """One SuperLink and ``NODES`` SuperNodes shared by the Flower test modules (starting one costs
+    seconds of process start-up); no process survives it. ``tests/test_flower_faults.py``'s kill test
+    kills a SuperNode and therefore runs last (file order, then its position in the module)."""
+    from flower_support import NODES, checked_deployment
+
+    with checked_deployment(request, NODES, min_procs=1 + 2 * NODES) as dep:
+        yield dep

@@ -119,7 +119,7 @@ def test_celeba5_a_calibrates_on_first_label_alpha_030_with_three_seeds(celeba_r
         "partition.clients=4", "partition.samples_per_client=6", "train.clients_per_round=2",
         "train.batch_size=2", "train.local_steps=1", "calibration.rounds=1", f"data.root='{celeba_root}'",
     ])
-    assert (cfg.partition.alpha, cfg.partition.strata) == (0.15, "all-label")
+    assert (cfg.partition.alpha, cfg.partition.strata) == (0.15, "all-attributes")
     assert tuple(cfg.calibration.seeds) == (0, 42, 2026)
     run_data = federated_data(cfg)
     _, _, result = resolve_reference(cfg, run_data)

@@ -16,14 +16,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,51 +29,12 @@ import torch
 
 from fedhv.config import load_config
 from fedhv.experiment.runner import run_experiment
+from flower_support import EQUIV, HAVE_FLWR, assert_gone, descendants, needs_flwr, rounds_of, theta_of
 
 from conftest import SMALL
 
-HAVE_FLWR = importlib.util.find_spec("flwr") is not None
-needs_flwr = pytest.mark.skipif(not HAVE_FLWR, reason="the Flower back-end needs flwr: pip install -e '.[test,flower]'")
 if HAVE_FLWR:
-    from fedhv.flower.local import Deployment, FlowerRunError, local_deployment
-
-NODES = 3
-# One client per SuperNode; 2 of the 3 sampled per round (seed 2: {0,1}, {0,2}, {0,1}), so sampling matters.
-EQUIV = [*SMALL, f"partition.clients={NODES}", "train.clients_per_round=2", "rounds=3", 'dtype="float64"',
-         'engine="sequential"', "eval.test_period=3", "seed=2"]
-
-
-def _pgids() -> dict[int, int]:
-    """pid -> process group id of every process on the machine."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            out[int(entry)] = int(fields[2])
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
-
-
-def _group_members(leaders: list[int]) -> set[int]:
-    return {pid for pid, pgid in _pgids().items() if pgid in set(leaders)}
-
-
-def _assert_gone(pids: set[int]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.2)
-    assert not [p for p in pids if _alive(p)], "processes left running after the deployment stopped"
+    from fedhv.flower.local import Deployment, FlowerRunError
 
 
 def test_flower_command_without_flwr_is_a_one_line_error(tmp_path: Path) -> None:
@@ -93,41 +51,14 @@ def test_flower_command_without_flwr_is_a_one_line_error(tmp_path: Path) -> None
     assert "Traceback" not in res.stderr
 
 
-@pytest.fixture(scope="module")
-def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
-    """One SuperLink and NODES SuperNodes for the module's runs; no process survives it.
-
-    The processes' logs are kept (path printed) when a test failed."""
-    seen: set[int] = set()
-    failed = request.session.testsfailed
-    with local_deployment(NODES, keep_workdir=True) as dep:
-        yield dep
-        seen = _group_members(dep.pids) | set(dep.pids)  # includes the ServerApp / SuperExec processes
-        assert len(seen) >= 1 + 2 * NODES
-    _assert_gone(seen)
-    if request.session.testsfailed == failed:
-        shutil.rmtree(dep.workdir, ignore_errors=True)
-    else:
-        print(f"Flower logs kept in {dep.workdir}")
-
-
-def _rounds(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
-
-
-def _theta(run: Path) -> torch.Tensor:
-    state = torch.load(run / "model.pt", weights_only=True)["state_dict"]
-    return torch.cat([v.reshape(-1) for v in state.values()])
-
-
 @needs_flwr
 @pytest.mark.parametrize("method", ["fedhv", "fedcmoo"])
-def test_flower_matches_sequential_engine(deployment: Deployment, tmp_path: Path, method: str) -> None:
+def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_path: Path, method: str) -> None:
     cfg = load_config("multimnist", [*EQUIV, f'method="{method}"'])
-    flower = deployment.submit(cfg, tmp_path / "flower")
+    flower = flower_deployment.submit(cfg, tmp_path / "flower")
     sim = tmp_path / "sim"
     run_experiment(cfg, sim, progress=False)
-    fr, sr = _rounds(flower), _rounds(sim)
+    fr, sr = rounds_of(flower), rounds_of(sim)
     assert len(fr) == len(sr) == 3
     assert len({tuple(r["clients"]) for r in fr}) > 1  # sampling is exercised
     for a, b in zip(fr, sr):
@@ -141,33 +72,39 @@ def test_flower_matches_sequential_engine(deployment: Deployment, tmp_path: Path
     if method == "fedhv":
         cal_f, cal_s = (json.loads((d / "calibration.json").read_text()) for d in (flower, sim))
         np.testing.assert_allclose(cal_f["reference"], cal_s["reference"], rtol=0, atol=1e-10)
-    diff = float((_theta(flower) - _theta(sim)).abs().max())
-    assert _theta(flower).dtype == torch.float64 and diff <= 1e-10, diff
+    diff = float((theta_of(flower) - theta_of(sim)).abs().max())
+    assert theta_of(flower).dtype == torch.float64 and diff <= 1e-10, diff
     summary = json.loads((flower / "summary.json").read_text())
     assert summary["rounds"] == 3 and summary["mean_acc"] is not None
 
 
 @needs_flwr
-def test_failed_server_app_is_an_error(deployment: Deployment, tmp_path: Path) -> None:
+def test_failed_server_app_is_an_error(flower_deployment: Deployment, tmp_path: Path) -> None:
     """``flwr run`` exits 0 when the ServerApp fails; the deployment still reports the failure."""
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("x")  # the ServerApp cannot create its run directory here
     cfg = load_config("multimnist", [*EQUIV, "rounds=1"])
-    with pytest.raises(FlowerRunError, match=r"finished:failed.*summary.json is missing"):
-        deployment.submit(cfg, blocker)
+    with pytest.raises(FlowerRunError, match=r"finished:failed.*summary.json is missing; the ServerApp failed "
+                       r"with: .*not-a-directory.*; the ServerApp's log is .*serverapp.log"):
+        flower_deployment.submit(cfg, blocker)
 
 
 @needs_flwr
 def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
-    """``fedhv flower local`` as a real process: run directory complete, table reads it, no strays."""
+    """``fedhv flower local`` as a real process, each SuperNode serving its own data file (written by
+    ``fedhv flower export``): run directory complete and equal to the simulator's, table reads it,
+    no strays."""
     out = tmp_path / "run"
-    sets = [x for item in SMALL for x in ("--set", item)]
+    sets = [x for item in [*SMALL, 'dtype="float64"'] for x in ("--set", item)]
+    export = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "export", "multimnist", "--nodes", "3",
+                             *sets, "--out", str(tmp_path / "node-data")], capture_output=True, text=True, check=False)
+    assert export.returncode == 0, export.stderr
     cmd = [sys.executable, "-m", "fedhv.cli", "flower", "local", "multimnist", "--nodes", "3", "--rounds", "2",
-           *sets, "--out", str(out), "--quiet"]
+           *sets, "--node-data", str(tmp_path / "node-data"), "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: set[int] = set()
     while proc.poll() is None:  # every descendant, by PID, while it runs
-        seen |= _descendants(proc.pid)
+        seen |= descendants(proc.pid)
         time.sleep(0.3)
     output = proc.stdout.read() if proc.stdout else ""
     assert proc.returncode == 0, output
@@ -175,12 +112,19 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
                  "summary.json", "model.pt"):
         assert (out / name).is_file(), name
     assert not (out / "checkpoint.pt").exists()
-    assert len(_rounds(out)) == 2 and "run directory:" in output
+    assert len(rounds_of(out)) == 2 and "run directory:" in output
+    sim = tmp_path / "sim"  # the nodes' own files hold exactly the simulator's partitions
+    run_experiment(load_config("multimnist", [*SMALL, 'dtype="float64"', "partition.clients=3", "rounds=2",
+                                              "train.clients_per_round=3"]), sim, progress=False)
+    for a, b in zip(rounds_of(out), rounds_of(sim), strict=True):
+        assert a["clients"] == b["clients"]
+        np.testing.assert_allclose(a["report"], b["report"], rtol=1e-9)
+        np.testing.assert_allclose(a["weights"], b["weights"], rtol=1e-9)
     table = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path), "--table", "1"],
                            capture_output=True, text=True, check=False)
     assert table.returncode == 0 and "fedhv" in table.stdout.lower(), table.stdout + table.stderr
     assert len(seen) >= 1 + 2 * 3  # SuperLink, 3 SuperNodes, 3 ClientApp processes (and the ServerApp)
-    _assert_gone(seen)
+    assert_gone(seen)
 
 
 @needs_flwr
@@ -193,7 +137,7 @@ def test_flower_local_sigterm_stops_every_process(tmp_path: Path) -> None:
     seen: set[int] = set()
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
-        seen |= _descendants(proc.pid)
+        seen |= descendants(proc.pid)
         if len(seen) >= 5:  # SuperLink, 2 SuperNodes, 2 ClientApp processes
             break
         time.sleep(0.2)
@@ -202,21 +146,4 @@ def test_flower_local_sigterm_stops_every_process(tmp_path: Path) -> None:
     output = proc.communicate(timeout=60)[0]
     assert proc.returncode == 143, output
     assert "terminated (signal 15)" in output
-    _assert_gone(seen)
-
-
-def _descendants(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    found, frontier = set(), {root}
-    while frontier:
-        kids = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= kids
-        frontier = kids
-    return found
+    assert_gone(seen)

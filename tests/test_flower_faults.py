@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,28 +18,13 @@ import pytest
 
 from fedhv.config import load_config
 from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE, run_experiment
-from test_flower import EQUIV, NODES, _assert_gone, _group_members, _rounds, _theta
+from flower_support import EQUIV, HAVE_FLWR, NODES, rounds_of, theta_of
 
 from conftest import SMALL
 
-HAVE_FLWR = importlib.util.find_spec("flwr") is not None
 pytestmark = pytest.mark.skipif(not HAVE_FLWR, reason="the Flower back-end needs flwr: pip install -e '.[test,flower]'")
 if HAVE_FLWR:
-    from fedhv.flower.local import Deployment, local_deployment
-
-
-@pytest.fixture(scope="module")
-def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
-    """One SuperLink and NODES SuperNodes; the kill test (last in the module) kills one of them."""
-    failed = request.session.testsfailed
-    with local_deployment(NODES, keep_workdir=True) as dep:
-        yield dep
-        seen = _group_members(dep.pids) | set(dep.pids)
-    _assert_gone(seen)
-    if request.session.testsfailed == failed:
-        shutil.rmtree(dep.workdir, ignore_errors=True)
-    else:
-        print(f"Flower logs kept in {dep.workdir}")
+    from fedhv.flower.local import Deployment
 
 
 def _paused_sim_run(cfg_args: list[str], run: Path, after: int) -> None:
@@ -61,7 +43,7 @@ def _paused_sim_run(cfg_args: list[str], run: Path, after: int) -> None:
         proc.wait(timeout=30)
 
 
-def _same_rounds(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+def _samerounds_of(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert x["clients"] == y["clients"]
@@ -73,7 +55,7 @@ def _same_rounds(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
                 np.testing.assert_allclose(x[key], y[key], rtol=0, atol=1e-10)
 
 
-def test_resume_with_garbage_clients_matches_simulator(deployment: Deployment, tmp_path: Path) -> None:
+def test_resume_with_garbage_clients_matches_simulator(flower_deployment: Deployment, tmp_path: Path) -> None:
     """A run interrupted after round 1 (kill -9), resumed on Flower, whose nodes send the configured
     garbage (NaN / inf / short reports, truncated / non-finite updates): the same rejections,
     weights, reports and final model as an uninterrupted simulator run."""
@@ -83,18 +65,18 @@ def test_resume_with_garbage_clients_matches_simulator(deployment: Deployment, t
     run_experiment(cfg, sim, progress=False)
     part = tmp_path / "part"
     _paused_sim_run(args, part, after=1)
-    assert len(_rounds(part)) == 1 and not (part / "summary.json").exists()
-    deployment.submit(None, resume=part)
-    fr, sr = _rounds(part), _rounds(sim)
+    assert len(rounds_of(part)) == 1 and not (part / "summary.json").exists()
+    flower_deployment.submit(None, resume=part)
+    fr, sr = rounds_of(part), rounds_of(sim)
     assert [r["round"] for r in fr] == [1, 2, 3, 4]
     assert sum(r["rejected_clients"] for r in fr[1:]) >= 2  # the Flower rounds did reject garbage
-    _same_rounds(fr, sr)
-    diff = float((_theta(part) - _theta(sim)).abs().max())
+    _samerounds_of(fr, sr)
+    diff = float((theta_of(part) - theta_of(sim)).abs().max())
     assert diff <= 1e-10, diff
     assert json.loads((part / "summary.json").read_text())["rounds"] == 4
 
 
-def test_supernode_killed_mid_round_is_dropped(deployment: Deployment, tmp_path: Path) -> None:
+def test_supernode_killed_mid_round_is_dropped(flower_deployment: Deployment, tmp_path: Path) -> None:
     """kill -9 of a SuperNode while it holds a round-2 message: that stage finishes with the other
     clients after the stage timeout, the loss is counted in ``dropped_clients`` and the run
     completes. Runs last: the deployment has one node less afterwards. The timeout is generous
@@ -103,18 +85,18 @@ def test_supernode_killed_mid_round_is_dropped(deployment: Deployment, tmp_path:
     cfg = load_config("multimnist", [*SMALL, f"partition.clients={NODES}", f"train.clients_per_round={NODES}",
                                      'method="uniform"', "rounds=2", "eval.test_period=2", "seed=5"])
     victim_name = f"supernode-{NODES - 1}"
-    victim = next(p for name, p in deployment.procs if name == victim_name)
+    victim = next(p for name, p in flower_deployment.procs if name == victim_name)
     result: dict[str, Any] = {}
 
     def submit() -> None:
         try:
-            result["run"] = deployment.submit(cfg, tmp_path / "run", stage_timeout=timeout)
+            result["run"] = flower_deployment.submit(cfg, tmp_path / "run", stage_timeout=timeout)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             result["error"] = exc
 
     worker = threading.Thread(target=submit)
     worker.start()
-    log = deployment.workdir / f"{victim_name}.log"
+    log = flower_deployment.workdir / f"{victim_name}.log"
     start = log.stat().st_size
     mark = re.compile(r"ROUND train-5-2\]\s*\n.*Receiving: train message")
     deadline = time.monotonic() + 120
@@ -129,7 +111,7 @@ def test_supernode_killed_mid_round_is_dropped(deployment: Deployment, tmp_path:
     assert not worker.is_alive()
     if "error" in result:
         raise result["error"]
-    rounds = _rounds(result["run"])
+    rounds = rounds_of(result["run"])
     assert [r["dropped_clients"] for r in rounds] == [0, 1]
     assert rounds[1]["dropped"] == [NODES - 1] and rounds[1]["clients"] == list(range(NODES))
     assert all(r["rejected_clients"] == 0 for r in rounds)

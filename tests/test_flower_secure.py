@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,30 +10,21 @@ from pathlib import Path
 import pytest
 
 from fedhv.config import load_config
-from test_flower import _assert_gone, _group_members
+from flower_support import HAVE_FLWR, NODES, checked_deployment
 
 from conftest import SMALL
 
-HAVE_FLWR = importlib.util.find_spec("flwr") is not None
 pytestmark = pytest.mark.skipif(not HAVE_FLWR, reason="the Flower back-end needs flwr: pip install -e '.[test,flower]'")
 if HAVE_FLWR:
     from fedhv.flower.local import Deployment, FlowerRunError, local_deployment
 
-NODES = 3
 
 
 @pytest.fixture(scope="module")
 def secure(request: pytest.FixtureRequest) -> Iterator[Deployment]:
     """SuperLink (TLS, SuperNode auth on) and NODES registered SuperNodes; no process survives it."""
-    failed = request.session.testsfailed
-    with local_deployment(NODES, tls=True, auth=True, keep_workdir=True) as dep:
+    with checked_deployment(request, NODES, tls=True, auth=True) as dep:
         yield dep
-        seen = _group_members(dep.pids) | set(dep.pids)
-    _assert_gone(seen)
-    if request.session.testsfailed == failed:
-        shutil.rmtree(dep.workdir, ignore_errors=True)
-    else:
-        print(f"Flower logs kept in {dep.workdir}")
 
 
 def test_tls_and_node_auth_run_is_complete(secure: Deployment, tmp_path: Path) -> None:

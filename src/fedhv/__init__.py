@@ -17,11 +17,14 @@ _API = {
     "FedCMOO": "fedhv.api", "FSMGDAConfig": "fedhv.config.schema", "FedCMOOConfig": "fedhv.config.schema",
     "HVWeighting": "fedhv.weighting", "HVBackward": "fedhv.weighting",
     "reference_from_losses": "fedhv.weighting",
+    "UserBenchmark": "fedhv.data.user", "register_benchmark": "fedhv.registry", "register_model": "fedhv.registry",
+    "register_method": "fedhv.registry",
 }
 
 __all__ = [
     "FSMGDA", "FSMGDAConfig", "FedCMOO", "FedCMOOConfig", "FedHV", "FederatedDataset", "HVBackward", "HVWeighting",
-    "History", "Task", "Uniform", "__version__", "calibrate", "reference_from_losses", "simulate",
+    "History", "Task", "Uniform", "UserBenchmark", "__version__", "calibrate", "reference_from_losses",
+    "register_benchmark", "register_method", "register_model", "simulate",
 ]
 
 

@@ -24,6 +24,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedhv", description="Task-wise federated multi-objective optimization.")
+    parser.add_argument("--version", action="version", version=f"fedhv {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one method on one setting, or resume a run")
     _common(run)
@@ -38,12 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true",
                      help="replace the finished run in --out (an unfinished one is never replaced)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    stats = sub.add_parser("partition-stats", help="per-client label histograms of a setting's partition")
+    stats = sub.add_parser("partition-stats", help="per-client label statistics and heterogeneity of a setting's "
+                           "partition (validates only the partition keys)")
     _common(stats)
+    stats.add_argument("--format", choices=["text", "csv", "json"], default="text",
+                       help="text (default), csv (the heterogeneity summaries, one tidy table) or json (everything)")
     show = sub.add_parser("show-config", help="print a setting's resolved configuration")
     _common(show)
     show.add_argument("--method", help="method whose learning rates to resolve")
-    sub.add_parser("presets", help="list the bundled settings")
+    sub.add_parser("presets", help="list the bundled settings, one line each")
     grid = sub.add_parser("grid", help="run every setting x method x seed (resumable, parallel)")
     grid.add_argument("settings", nargs="+", metavar="SETTING", help="preset names or TOML files")
     grid.add_argument("--methods", default="uniform,fsmgda,fedcmoo,fedhv", help="comma-separated (default: all four)")
@@ -63,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--table", default="all", help="comma-separated table numbers: 1,8,9,11,7,10,13 (default all)")
     table.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     table.add_argument("--paper", action="store_true", help="add the paper's published values and our difference")
+    table.add_argument("--final-eval", action="store_true",
+                       help="Tables 1, 8, 9, 10: report the extra evaluation after the last round instead of the "
+                       "last scheduled one (paper B.5, the default)")
+    table.add_argument("--out", help="folder: write one file per table (table1.md, table9.tex, table11.csv, ...) "
+                       "instead of printing")
     flower = sub.add_parser("flower", help="real federated runs on Flower (pip install 'fedhv[flower]')")
     flower_sub = flower.add_subparsers(dest="flower_command", required=True)
     local = flower_sub.add_parser("local", help="a SuperLink and --nodes SuperNodes on 127.0.0.1, one run")
@@ -82,18 +91,62 @@ def build_parser() -> argparse.ArgumentParser:
                        "Flower's fresh process per message")
     local.add_argument("--stage-timeout", type=float, default=0.0,
                        help="seconds a stage waits for replies; later ones count as dropped (default 0: wait)")
+    local.add_argument("--node-data", metavar="DIR", help="SuperNode K serves its own samples from DIR/client-K.npz "
+                       "(written by `fedhv flower export`) instead of partition K of the setting")
     local.add_argument("--quiet", action="store_true", help="no progress bar")
+    export = flower_sub.add_parser("export", help="write each client's training samples of a setting to "
+                                   "DIR/client-K.npz (a SuperNode's own data file, docs/flower.md)")
+    _common(export)
+    export.add_argument("--nodes", type=int, help="as for `flower local`: partition.clients = N (the same "
+                        "partition `fedhv flower local SETTING --nodes N` uses)")
+    export.add_argument("--out", required=True, help="folder for the client-K.npz files")
+    export.add_argument("--clients", help="comma-separated client ids (default: all)")
     plot = sub.add_parser("plot", help="learning curves, weights and wall-clock figures (no torch needed)")
     plot.add_argument("dir", help="folder searched recursively for finished run directories")
     plot.add_argument("--out", help="figure folder (default DIR/figures)")
     plot.add_argument("--formats", default="png,pdf", help="comma-separated file formats (default png,pdf)")
+    plot.add_argument("--size", choices=["column", "page"], default="page",
+                      help="figure width: one paper column (3.3 in) or the page (6.9 in, default)")
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version, or ``fedhv.__version__`` when not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedhv")
+    except PackageNotFoundError:
+        from fedhv import __version__
+
+        return __version__
+
+
+def _method(name: str) -> str:
+    """A method name with the built-ins matched case-insensitively (``FedHV`` -> ``fedhv``)."""
+    from fedhv.config.schema import METHODS
+
+    return name.lower() if name.lower() in METHODS else name
+
+
+def _preset_line(name: str) -> str:
+    """One line describing preset ``name``: benchmark, partition, participation, rounds, K."""
+    from fedhv.config.loader import load_setting
+
+    d = load_setting(name)
+    part, train, ev = d.get("partition", {}), d.get("train", {}), d.get("eval", {})
+    return (f"{name:<16} {d.get('data', {}).get('benchmark')}, alpha = {part.get('alpha')} {part.get('strata')}, "
+            f"N = {part.get('clients')} x {part.get('samples_per_client')} samples, "
+            f"M = {train.get('clients_per_round')} per round, {d.get('rounds')} rounds, batch "
+            f"{train.get('batch_size')}, K = {train.get('local_steps')}, test every {ev.get('test_period')} rounds")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = list(args.overrides)
     if getattr(args, "data_dir", None):
         out.append(f"data.root={_quote(args.data_dir)}")
+    if getattr(args, "method", None) is not None:
+        args.method = _method(args.method)
     for flag, key in (("method", "method"), ("seed", "seed"), ("rounds", "rounds"), ("engine", "engine"),
                       ("device", "device")):
         value = getattr(args, flag, None)
@@ -148,7 +201,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "presets":
         for name in preset_names():
-            print(name)
+            print(_preset_line(name))
         return 0
     if args.command == "run" and args.resume:
         return _resume(args)
@@ -162,16 +215,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _flower(args)
     if not args.setting:
         raise UsageError(f"fedhv {args.command}: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
+    if args.command == "partition-stats":  # only the partition keys are validated (fedhv.stats)
+        from fedhv.stats import load_partition_config, print_partition_stats
+
+        print_partition_stats(load_partition_config(args.setting, _overrides(args)), args.format)
+        return 0
     cfg = load_config(args.setting, _overrides(args))
     if args.command == "show-config":
         from fedhv.config import dumps, to_dict
 
         print(dumps(to_dict(cfg)), end="")
-        return 0
-    if args.command == "partition-stats":
-        from fedhv.stats import print_partition_stats
-
-        print_partition_stats(cfg)
         return 0
     from fedhv._malloc import tune_allocator
     from fedhv.experiment.runner import claim_run_dir, run_experiment
@@ -189,7 +242,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    """``fedhv flower local``: every flwr import stays inside fedhv.flower."""
+    """``fedhv flower local`` / ``export``: every flwr import stays inside fedhv.flower."""
+    if args.flower_command == "export":
+        return _flower_export(args)
     from fedhv.flower import require_flwr
 
     require_flwr()
@@ -227,13 +282,38 @@ def _flower(args: argparse.Namespace) -> int:
         try:
             run_dir = run_local(None if resume else cfg, args.nodes, args.out, isolation=args.isolation,
                                 stage_timeout=args.stage_timeout, progress=progress, tls=args.tls, auth=args.auth,
-                                resume=resume)
+                                resume=resume, node_data=args.node_data)
         finally:
             bar.close()
     import json
 
     _print_summary(json.loads((run_dir / "summary.json").read_text()))
     print(f"run directory: {run_dir}")
+    return 0
+
+
+def _flower_export(args: argparse.Namespace) -> int:
+    """``fedhv flower export SETTING --out DIR``: client K's samples to ``DIR/client-K.npz``."""
+    from fedhv.config import load_config
+    from fedhv.data.node_file import export_partition, node_data_file
+
+    if not args.setting:
+        raise UsageError("fedhv flower export: give a SETTING (a preset name, see `fedhv presets`, or a TOML file)")
+    if args.nodes is not None:
+        from fedhv.flower.local import local_config
+
+        cfg = local_config(args.setting, args.nodes, _overrides(args))
+    else:
+        cfg = load_config(args.setting, _overrides(args))
+    n = cfg.partition.clients
+    clients = list(range(n)) if args.clients is None else _csv_list("--clients", args.clients, int)
+    bad = [c for c in clients if not 0 <= c < n]
+    if bad or not clients:
+        raise UsageError(f"--clients {args.clients}: the setting has clients 0..{n - 1} (partition.clients = {n}); "
+                         "give ids in that range")
+    for c in clients:
+        path = export_partition(cfg, c, node_data_file(args.out, c))
+        print(f"client {c}: {path}")
     return 0
 
 
@@ -272,7 +352,7 @@ def _grid(args: argparse.Namespace) -> int:
 
     if args.workers < 1 or (args.threads is not None and args.threads < 1):
         raise UsageError(f"--workers {args.workers} / --threads {args.threads} must be >= 1")
-    methods = _csv_list("--methods", args.methods, str)
+    methods = [_method(m) for m in _csv_list("--methods", args.methods, str)]
     seeds = _csv_list("--seeds", args.seeds, int)
     overrides = list(args.overrides)
     if args.data_dir:
@@ -294,11 +374,11 @@ def _grid(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
-def _finished_runs(folder: str) -> list:
+def _finished_runs(folder: str, final_eval: bool = False) -> list:
     from fedhv.results.collect import find_runs
 
     try:
-        runs, unfinished = find_runs(folder)
+        runs, unfinished = find_runs(folder, final_eval=final_eval)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     if unfinished:
@@ -310,18 +390,28 @@ def _finished_runs(folder: str) -> list:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from fedhv.results.table_model import RENDERERS
+    from fedhv.results.table_model import render, write_tables
     from fedhv.results.tables import TABLES, build_tables
 
     which = list(TABLES) if args.table == "all" else _csv_list("--table", args.table, str)
     bad = [t for t in which if t not in TABLES]
     if bad:
         raise UsageError(f"--table {','.join(bad)}: fedhv makes tables {', '.join(TABLES)}")
-    tables = build_tables(_finished_runs(args.dir), which, paper=args.paper)
+    tables = build_tables(_finished_runs(args.dir, final_eval=args.final_eval), which, paper=args.paper)
     if not tables:
         raise UsageError(f"{args.dir}: the runs found give none of tables {', '.join(which)}")
-    render = RENDERERS[args.format]
-    print(("\n" if args.format != "csv" else "").join(render(t) for t in tables), end="")
+    for line in dict.fromkeys(w for t in tables for w in t.warnings):
+        print(f"warning: {line}", file=sys.stderr)
+    if args.out is None:
+        print(render(tables, args.format), end="")
+        return 0
+    try:
+        files = write_tables(tables, args.format, args.out)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: cannot write tables there ({exc.strerror or exc}); "
+                         "choose a writable folder") from None
+    for f in files:
+        print(f)
     return 0
 
 
@@ -338,7 +428,7 @@ def _plot(args: argparse.Namespace) -> int:
         raise UsageError(f"--formats {','.join(bad)}: not a figure format; choose from {', '.join(supported)}")
     runs = _finished_runs(args.dir)
     try:
-        files = make_figures(runs, out, formats)
+        files = make_figures(runs, out, formats, size=args.size)
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write figures there ({exc.strerror or exc}); "
                          "choose a writable folder") from None

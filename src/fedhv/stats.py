@@ -1,44 +1,207 @@
-"""``fedhv partition-stats``: per-client label histograms of a setting's partition."""
+"""``fedhv partition-stats``: per-client label statistics and heterogeneity of a setting's partition.
+
+The report (:func:`partition_report`) holds, for the configured partition, per-client label
+counts (classification) or positive-attribute rates (multi-label) and the strata present,
+and for every strata rule of :data:`fedhv.config.schema.STRATA` (rules giving the same
+strata on this benchmark are merged) the heterogeneity summary of
+:mod:`fedhv.data.heterogeneity` -- the mean total-variation distance of the clients'
+label marginals from the pool's -- next to a uniformly sampled (IID) partition of the
+same size. It renders as text, CSV (one tidy table of the summaries) or JSON.
+
+Only the keys the partition depends on are validated (``data.*`` needed to load the
+benchmark and ``partition.*``): ``--set partition.clients=6`` works on a preset whose
+``train.clients_per_round`` is 20. ``fedhv run`` keeps validating everything.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 
-from fedhv.config.schema import RunConfig
-from fedhv.data.partition import label_histograms
+from fedhv.config.loader import apply_overrides, build, load_setting
+from fedhv.config.schema import STRATA, RunConfig, _choice, _positive, _seed
+from fedhv.data.heterogeneity import Heterogeneity, client_task_tv, iid_partition
+from fedhv.data.partition import dirichlet_partition
+from fedhv.errors import ConfigError
 from fedhv.objectives import MultiLabel
+from fedhv.registry import resolve_benchmark
+
+FORMATS: tuple[str, ...] = ("text", "csv", "json")
+#: Columns of the CSV output.
+CSV_COLUMNS: tuple[str, ...] = (
+    "setting", "strata", "same_as", "configured", "strata_present", "task", "mean_tv", "max_client_tv",
+)
 
 
-def print_partition_stats(cfg: RunConfig) -> None:
-    """Print, per client, the label counts of every task (classification) or the
-    positive-attribute rate of every task (multi-label), and the strata present."""
+def validate_partition(cfg: RunConfig) -> None:
+    """Check the keys a partition depends on (and nothing else).
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter, the value and the fix (the same messages as
+        :func:`fedhv.config.schema.validate`).
+    """
+    resolve_benchmark(cfg.data.benchmark)
+    _choice("partition.strata", cfg.partition.strata, STRATA)
+    for name, value in (("partition.seed", cfg.partition.seed), ("data.pair_seed", cfg.data.pair_seed),
+                        ("data.val_seed", cfg.data.val_seed)):
+        _seed(name, value)
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
+    p = cfg.partition
+    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
+    if p.clients < 1:
+        raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
+    if p.samples_per_client < 1:
+        raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+
+
+def load_partition_config(setting: str, overrides: Iterable[str] = ()) -> RunConfig:
+    """Preset or TOML file + overrides, type-checked, with only the partition keys validated."""
+    cfg = build(RunConfig, apply_overrides(load_setting(setting), overrides))
+    validate_partition(cfg)
+    return cfg
+
+
+def _rule_partitions(cfg: RunConfig, bench: Any, parts: np.ndarray) -> list[dict[str, Any]]:
+    """One entry per distinct strata array: rules, strata array and partition (configured first)."""
+    p = cfg.partition
+    entries: list[dict[str, Any]] = [{"rules": [p.strata], "strata": bench.strata(p.strata), "parts": parts}]
+    for rule in sorted(STRATA, key=lambda r: r == "all-label"):  # the earlier name is listed after the explicit ones
+        if rule == p.strata:
+            continue
+        with warnings.catch_warnings():  # the configured partition's warnings were shown by load_data
+            warnings.simplefilter("ignore")
+            strata = bench.strata(rule)
+            same = next((e for e in entries if np.array_equal(e["strata"], strata)), None)
+            if same is not None:
+                same["rules"].append(rule)
+                continue
+            other = dirichlet_partition(strata, p.clients, p.samples_per_client, p.alpha, p.seed)
+        entries.append({"rules": [rule], "strata": strata, "parts": other})
+    return entries
+
+
+def partition_report(cfg: RunConfig) -> dict[str, Any]:
+    """Everything ``fedhv partition-stats`` prints, as JSON-able data."""
     from fedhv.experiment.setup import load_data
 
     bench, parts = load_data(cfg)
     p = cfg.partition
-    strata = bench.strata(p.strata)
+    labels = bench.train_y
+    multilabel = isinstance(bench.objective, MultiLabel)
+    summaries = []
+    entries = _rule_partitions(cfg, bench, parts)
+    hs = [Heterogeneity.of(client_task_tv(labels, e["parts"], bench.objective, bench.num_classes)) for e in entries]
+    configured = hs[0]
+    for k, (entry, h) in enumerate(zip(entries, hs)):
+        summaries.append({
+            "strata": entry["rules"][0], "same_as": entry["rules"][1:], "configured": k == 0,
+            "strata_present": int(len(np.unique(entry["strata"]))), "mean_tv": h.mean_tv,
+            "max_client_tv": h.max_client_tv, "task_mean_tv": list(h.task_mean_tv),
+        })
+    iid = Heterogeneity.of(client_task_tv(labels, iid_partition(len(labels), p.clients, p.samples_per_client,
+                                                                p.seed), bench.objective, bench.num_classes))
+    strata = entries[0]["strata"]
     keys, counts = np.unique(strata, return_counts=True)
-    print(
-        f"{cfg.setting}: {p.clients} clients x {p.samples_per_client} samples, alpha = {p.alpha}, "
-        f"{p.strata} strata ({len(keys)} present in the training pool), seed {p.seed}; "
-        f"{len(np.unique(parts))} distinct samples of {len(bench.train_y)}"
-    )
-    if len(keys) <= 40:
-        print("strata sizes: " + ", ".join(f"{k}:{c}" for k, c in zip(keys, counts)))
-    if isinstance(bench.objective, MultiLabel):
-        print("\npositive-attribute rate per task and client")
-        print(f"{'client':>6} " + "".join(f"{n:>7}" for n in bench.task_names) + "   strata")
-        for k, row in enumerate(parts):
-            rates = [bench.train_y[row][:, list(g)].mean() for g in bench.objective.groups]
-            print(f"{k:>6} " + "".join(f"{r:7.3f}" for r in rates) + f"   {len(np.unique(strata[row])):6d}")
-        return
-    hists = [label_histograms(bench.train_y[:, i], parts, c) for i, c in enumerate(bench.num_classes)]
-    for i, name in enumerate(bench.task_names):
-        width = max(4, len(str(int(hists[i].max()))) + 1)
-        header = "".join(f"{c:>{width}}" for c in range(bench.num_classes[i]))
-        print(f"\ntask {name!r}: label counts per client")
-        print(f"{'client':>6} {header}   top-share  strata")
-        for k, row in enumerate(hists[i]):
-            present = len(np.unique(strata[parts[k]]))
-            cells = "".join(f"{v:>{width}}" for v in row)
-            print(f"{k:>6} {cells}   {row.max() / row.sum():9.2f}  {present:6d}")
+    clients = []
+    for k, row in enumerate(parts):
+        rec: dict[str, Any] = {"client": k, "strata_present": int(len(np.unique(strata[row]))),
+                               "tv": configured.client_tv[k]}
+        if multilabel:
+            rec["positive_rate"] = [float(labels[row][:, list(g)].mean()) for g in bench.objective.groups]
+        else:
+            rec["label_counts"] = [np.bincount(labels[row, i], minlength=c).tolist()
+                                   for i, c in enumerate(bench.num_classes)]
+        clients.append(rec)
+    return {
+        "setting": cfg.setting, "benchmark": cfg.data.benchmark, "tasks": list(bench.task_names),
+        "num_classes": list(bench.num_classes), "multilabel": multilabel,
+        "partition": {"clients": p.clients, "samples_per_client": p.samples_per_client, "alpha": p.alpha,
+                      "strata": p.strata, "seed": p.seed},
+        "train_samples": int(len(labels)), "distinct_samples": int(len(np.unique(parts))),
+        "strata_sizes": {str(int(k)): int(c) for k, c in zip(keys, counts)} if len(keys) <= 40 else None,
+        "strata_present": int(len(keys)),
+        "heterogeneity": summaries,
+        "iid": {"mean_tv": iid.mean_tv, "max_client_tv": iid.max_client_tv, "task_mean_tv": list(iid.task_mean_tv)},
+        "clients": clients,
+    }
+
+
+def render_text(r: dict[str, Any]) -> str:
+    """The report as text: header, heterogeneity summary, per-client statistics."""
+    p = r["partition"]
+    lines = [
+        f"{r['setting']}: {p['clients']} clients x {p['samples_per_client']} samples, alpha = {p['alpha']}, "
+        f"{p['strata']} strata ({r['strata_present']} present in the training pool), seed {p['seed']}; "
+        f"{r['distinct_samples']} distinct samples of {r['train_samples']}"
+    ]
+    if r["strata_sizes"] is not None:
+        lines.append("strata sizes: " + ", ".join(f"{k}:{c}" for k, c in r["strata_sizes"].items()))
+    lines += ["", "heterogeneity: mean total-variation distance of client label marginals from the pool's "
+              "(0 = the pool's labels, 1 = disjoint), per task and overall; * = configured rule"]
+    names = [" = ".join([s["strata"], *s["same_as"]]) for s in r["heterogeneity"]]
+    width = max(len("iid (uniform sample, for scale)"), *(len(n) for n in names)) + 2
+    lines.append(f"  {'strata rule':<{width}}{'strata':>8}{'mean TV':>9}{'max TV':>9}"
+                 + "".join(f"{t:>9}" for t in r["tasks"]))
+    for name, s in zip(names, r["heterogeneity"]):
+        lines.append(f"{'*' if s['configured'] else ' '} {name:<{width}}{s['strata_present']:>8}{s['mean_tv']:9.4f}"
+                     f"{s['max_client_tv']:9.4f}" + "".join(f"{v:9.4f}" for v in s["task_mean_tv"]))
+    iid = r["iid"]
+    lines.append(f"  {'iid (uniform sample, for scale)':<{width}}{'-':>8}{iid['mean_tv']:9.4f}"
+                 f"{iid['max_client_tv']:9.4f}" + "".join(f"{v:9.4f}" for v in iid["task_mean_tv"]))
+    if r["multilabel"]:
+        lines += ["", "positive-attribute rate per task and client (TV: the client's mean over tasks)",
+                  f"{'client':>6} " + "".join(f"{n:>7}" for n in r["tasks"]) + "   strata      TV"]
+        for c in r["clients"]:
+            lines.append(f"{c['client']:>6} " + "".join(f"{v:7.3f}" for v in c["positive_rate"])
+                         + f"   {c['strata_present']:6d}  {c['tv']:6.4f}")
+        return "\n".join(lines) + "\n"
+    for i, name in enumerate(r["tasks"]):
+        counts = [c["label_counts"][i] for c in r["clients"]]
+        cell = max(4, len(str(max(max(row) for row in counts))) + 1)
+        header = "".join(f"{v:>{cell}}" for v in range(r["num_classes"][i]))
+        lines += ["", f"task {name!r}: label counts per client", f"{'client':>6} {header}   top-share  strata"]
+        for c, row in zip(r["clients"], counts):
+            cells = "".join(f"{v:>{cell}}" for v in row)
+            lines.append(f"{c['client']:>6} {cells}   {max(row) / sum(row):9.2f}  {c['strata_present']:6d}")
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(r: dict[str, Any]) -> str:
+    """The heterogeneity summaries as one tidy CSV table (columns :data:`CSV_COLUMNS`).
+
+    One row per (strata rule, task) and one with ``task = "all"`` (the mean over tasks);
+    the IID baseline has ``strata = "iid"``.
+    """
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(CSV_COLUMNS)
+    rows = [(s["strata"], " ".join(s["same_as"]), s["configured"], s["strata_present"], s) for s in r["heterogeneity"]]
+    rows.append(("iid", "", False, "", r["iid"]))
+    for rule, same, configured, present, s in rows:
+        for task, mean in zip(r["tasks"], s["task_mean_tv"]):
+            out.writerow([r["setting"], rule, same, configured, present, task, f"{mean:.6f}", ""])
+        out.writerow([r["setting"], rule, same, configured, present, "all", f"{s['mean_tv']:.6f}",
+                      f"{s['max_client_tv']:.6f}"])
+    return buf.getvalue()
+
+
+def render_json(r: dict[str, Any]) -> str:
+    """The whole report as JSON."""
+    return json.dumps(r, indent=2) + "\n"
+
+
+RENDERERS = {"text": render_text, "csv": render_csv, "json": render_json}
+
+
+def print_partition_stats(cfg: RunConfig, fmt: str = "text") -> None:
+    """Print the report of ``cfg``'s partition in ``fmt`` (``text``, ``csv`` or ``json``)."""
+    print(RENDERERS[fmt](partition_report(cfg)), end="")

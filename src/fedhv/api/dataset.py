@@ -102,7 +102,7 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
 class FederatedDataset:
     """Training tensors split among clients, optional test tensors, and the tasks.
 
-    Build with :meth:`from_tensors`. ``x`` is any input the model accepts (one row per
+    Build with :meth:`from_tensors` or :meth:`from_datasets`. ``x`` is any input the model accepts (one row per
     sample); targets ``y [n, sum_i width_i]`` hold each task's columns in task order.
     """
 
@@ -147,6 +147,55 @@ class FederatedDataset:
             tx = _tensor(test[0], "test[0]")
             test_t = (tx, _targets(test[1], ts, len(tx), "test[1]"))
         return cls(ts, xt, y, parts, test_t)
+
+    @classmethod
+    def from_datasets(cls, train: Any, test: Any | None = None, tasks: Sequence[Task | str] = (), *,
+                      partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int = 10,
+                      samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
+                      strata: TensorLike | None = None, ids: TensorLike | None = None,
+                      max_bytes: int | None = None, progress: bool = True) -> FederatedDataset:
+        """Materialise map-style datasets once to tensors, then partition as :meth:`from_tensors`.
+
+        Parameters
+        ----------
+        train, test : torch.utils.data.Dataset (map-style: ``len`` and ``[i]``)
+            Items ``(x, y)`` or ``(x, y, client_id)``: ``x`` a tensor, array or number (same
+            shape for every item); ``y`` the targets of all tasks: one value or tensor per task
+            (a tuple/list) or one tensor of ``sum_i width_i`` values. ``client_id`` (third
+            element) is the natural id used by ``partition="ids"`` when ``ids`` is not given.
+        tasks, partition, clients, samples_per_client, alpha, seed, strata, ids
+            As for :meth:`from_tensors`.
+        max_bytes : int, optional
+            Memory the materialised tensors may take (default: half of the available RAM,
+            ``os.sysconf``). The size is estimated before loading as
+            ``len(dataset) * (bytes(x_0) + 8 * sum_i width_i)`` over train and test; a larger
+            estimate raises :class:`DatasetTooLarge`.
+        progress : bool
+            A one-line progress count on stderr while loading.
+        """
+        from fedhv.api.materialize import materialize
+
+        ts = as_tasks(tasks)
+        width = sum(t.width for t in ts)
+        x, y, found_ids, x_test, y_test = materialize(train, test, width, max_bytes, progress)
+        if ids is None and partition == "ids":
+            if found_ids is None:
+                raise ConfigError("partition = \"ids\" needs one client id per sample; pass ids= or let the "
+                                  "dataset return (x, y, client_id) items")
+            ids = found_ids
+        test_t = None if x_test is None or y_test is None else (x_test, y_test)
+        data = cls.from_tensors(x, y, ts, partition=partition, clients=clients, samples_per_client=samples_per_client,
+                                alpha=alpha, seed=seed, strata=strata, ids=ids, test=test_t)
+        data.extra["source"] = {"train": type(train).__name__, "test": None if test is None else type(test).__name__}
+        return data
+
+    def provenance(self) -> dict[str, Any]:
+        """What ``environment.json`` records about the data (``"data"``)."""
+        sizes = [len(self.parts[c]) for c in range(self.num_clients)]
+        return {"source": "fedhv.FederatedDataset", "train_samples": len(self.x),
+                "test_samples": 0 if self.test is None else len(self.test[0]), "clients": self.num_clients,
+                "samples_per_client": {"min": min(sizes), "max": max(sizes)},
+                "x_shape": list(self.x.shape[1:]), "x_dtype": str(self.x.dtype), **self.extra}
 
     def federated(self, dtype: torch.dtype, device: torch.device | str) -> FederatedData:
         """The engines' :class:`~fedhv.data.federated.FederatedData` on ``device`` (floats in ``dtype``)."""

@@ -10,8 +10,9 @@ min-norm weights of client gradients (options: :class:`~fedhv.config.schema.FSMG
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedhv import algorithms as alg
 from fedhv.algorithms.base import Algorithm
@@ -19,6 +20,16 @@ from fedhv.algorithms.fedcmoo import FedCMOO as _FedCMOO
 from fedhv.algorithms.fsmgda import FSMGDA as _FSMGDA
 from fedhv.config.schema import FedCMOOConfig, FSMGDAConfig
 from fedhv.models.params import TaskSlices
+
+
+def _min_norm(algorithm: Callable[..., Algorithm], slices: TaskSlices, lr_global: float,
+              config: FSMGDAConfig | FedCMOOConfig, **extra: Any) -> Algorithm:
+    """A min-norm method (FSMGDA, FedCMOO) over the encoder/head ``slices``.
+
+    The option dataclass's fields are the algorithm's keyword options, name for name; the
+    one construction both the public objects and ``fedhv run`` (:mod:`fedhv.experiment.methods`) use.
+    """
+    return algorithm(slices, lr_global, **extra, **dataclasses.asdict(config))
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,7 @@ class FSMGDA:
     name = "fsmgda"
 
     def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
-        return _FSMGDA(slices, self.lr_global, **dataclasses.asdict(self.config))
+        return _min_norm(_FSMGDA, slices, self.lr_global, self.config)
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class FedCMOO:
     name = "fedcmoo"
 
     def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
-        return _FedCMOO(slices, self.lr_global, seed=seed, **dataclasses.asdict(self.config))
+        return _min_norm(_FedCMOO, slices, self.lr_global, self.config, seed=seed)
 
 
 Method = FedHV | Uniform | FSMGDA | FedCMOO

@@ -10,26 +10,26 @@ the module's own parameters (initialise or seed them before calling).
 from __future__ import annotations
 
 import copy
-import json
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from fedhv.algorithms.uniform import Uniform as _Uniform
 from fedhv.api.dataset import FederatedDataset
 from fedhv.api.methods import FedHV, Method
+from fedhv.api.output import SimRunWriter, method_options, round_record
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
-from fedhv.experiment.calibration import CalibrationResult
+from fedhv.experiment.calibration import CalibrationResult, calibration_from_records
 from fedhv.experiment.divergence import check_calibration_round, lr_hint
 from fedhv.experiment.loop import RoundRecord, run_rounds
-from fedhv.metrics.evaluate import evaluate_tasks
+from fedhv.metrics import aggregate_metrics, evaluate_tasks
 from fedhv.models.params import ParamLayout, TaskSlices, get_flat, set_flat
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
@@ -45,7 +45,8 @@ class History:
     rounds : list of dict
         One record per round (clients, weights ``w^t``, report ``F^t``, bytes, times), as ``rounds.jsonl``.
     evaluations : list of dict
-        ``{"round", "acc", "loss", "mean_acc", "worst_acc", "mean_loss"}`` per test evaluation.
+        ``{"round", "acc", "loss", "mean_acc", "worst_acc", "mean_loss", "hv"}`` per test evaluation
+        (``hv = prod_i max(3 - loss_i, 0)``, as in ``metrics.jsonl``).
     model : nn.Module
         A copy of the user's module holding the final parameters.
     reference : list of float or None
@@ -53,6 +54,9 @@ class History:
     engine : str
         The engine that ran (``"batched"`` or ``"sequential"``).
     out : Path or None
+        The run directory written (``simulate(out=...)``), else None.
+    seconds : float
+        Wall-clock time of the whole call (calibration included).
     """
 
     rounds: list[dict[str, Any]]
@@ -75,7 +79,7 @@ class _Sim:
 
 def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str) -> _Sim:
     if not isinstance(data, FederatedDataset):
-        raise ConfigError(f"data has type {type(data).__name__}; build it with fedhv.FederatedDataset.from_tensors")
+        raise ConfigError(f"data has type {type(data).__name__}; build it with fedhv.FederatedDataset.from_tensors or .from_datasets")
     if engine not in ("batched", "sequential"):
         raise ConfigError(f"engine = {engine!r} is unknown; use \"batched\" or \"sequential\"")
     first = next(model.parameters())
@@ -106,68 +110,101 @@ def _check(data: FederatedData, clients_per_round: int, rounds: int) -> None:
 
 
 def _calibrate(sim: _Sim, rounds: int, margin: float, seeds: tuple[int, ...], lr_global: float,
-               clients_per_round: int, **train: Any) -> CalibrationResult:
+               clients_per_round: int, report_batches: int | str = "all", **train: Any) -> CalibrationResult:
+    """Uniform-weight rounds per seed whose clients report as FedHV's do (same ``report_batches``)."""
+    if rounds < 1 or not seeds or not 0 <= margin < math.inf:
+        raise ConfigError(f"calibration rounds = {rounds}, seeds = {list(seeds)}, margin = {margin}: a calibration "
+                          "needs rounds >= 1, at least one seed and a finite margin >= 0")
     start = time.perf_counter()
-    reports: dict[str, list[list[float]]] = {}
+    records: dict[str, list[RoundRecord]] = {}
     theta0 = get_flat(sim.adapter).clone()
     hint = lr_hint(train["lr_local"], lr_global)
     for seed in seeds:
-        rows: list[list[float]] = reports.setdefault(str(seed), [])
+        rows: list[RoundRecord] = records.setdefault(str(seed), [])
 
-        def on_round(rec: RoundRecord, theta: Any, state: Any, rows: list[list[float]] = rows) -> None:
+        def on_round(rec: RoundRecord, theta: Any, state: Any, rows: list[RoundRecord] = rows) -> None:
             check_calibration_round(rec.round, rec.skipped, rec.rejected, hint)
-            rows.append(rec.log["report"])
+            rows.append(rec)
 
         engine = _engine(sim, copy.deepcopy(sim.adapter), seed, "calibration", **train)
-        algorithm = _Uniform(lr_global=lr_global, report=True)
+        algorithm = _Uniform(lr_global=lr_global, report=True, report_batches=report_batches)
         run_rounds(algorithm, engine, sim.data, theta0, rounds, clients_per_round, seed, "calibration", on_round)
-    top = np.array([r for rs in reports.values() for r in rs]).max(0)
-    return CalibrationResult(reference=(top + margin).tolist(), max_report=top.tolist(), margin=margin,
-                             seeds=list(seeds), reports=reports, rounds=rounds * len(seeds),
-                             seconds=time.perf_counter() - start)
+    return calibration_from_records(records, margin, time.perf_counter() - start, seeds)
 
 
 def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, margin: float = 0.15,
               seeds: tuple[int, ...] = (0,), lr_global: float = 1.0, clients_per_round: int | None = None,
               local_steps: int = 10, batch_size: int = 32, lr_local: float = 0.1, momentum: float = 0.0,
-              engine: str = "batched", heads: str = "heads") -> CalibrationResult:
+              engine: str = "batched", heads: str = "heads", report_batches: int | str = "all") -> CalibrationResult:
     """FedHV's reference from a uniform-weight run: ``r_i = max_{seed, t} F_i^t + margin``.
 
-    Training settings as in :func:`simulate`; returns the calibration (``.reference``).
+    Training settings as in :func:`simulate`; ``report_batches`` as ``FedHV(report_batches=)``
+    (how clients compute their reports). The maths is
+    :func:`fedhv.experiment.calibration.calibration_from_records`, shared with ``fedhv run``.
+    Returns the calibration (``.reference``, ``.max_report``, ``.reports``, bytes, seconds).
     """
     sim = _prepare(model, data, engine, heads)
     cpr = clients_per_round or min(10, sim.data.num_clients)
     _check(sim.data, cpr, rounds)
     if rounds < 1:
         raise ConfigError(f"rounds = {rounds} must be >= 1 for a calibration")
-    return _calibrate(sim, rounds, margin, tuple(seeds), lr_global, cpr, local_steps=local_steps,
+    return _calibrate(sim, rounds, margin, tuple(seeds), lr_global, cpr, report_batches, local_steps=local_steps,
                       batch_size=batch_size, lr_local=lr_local, momentum=momentum)
 
 
 def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = None, rounds: int = 10, *,
              clients_per_round: int | None = None, local_steps: int = 10, batch_size: int = 32,
              lr_local: float = 0.1, momentum: float = 0.0, seed: int = 0, engine: str = "batched",
-             eval_every: int = 1, heads: str = "heads", out: str | Path | None = None) -> History:
+             eval_every: int = 1, heads: str = "heads", out: str | Path | None = None, name: str = "custom",
+             overwrite: bool = False) -> History:
     """Train ``model`` federatedly on ``data`` with ``method`` for ``rounds`` rounds.
 
     Each round samples ``clients_per_round`` of the ``N`` clients (keyed by ``seed``); each runs
     ``local_steps`` SGD steps (``lr_local``, ``momentum``) on ``sum_i w_i l_i`` over minibatches of
     ``batch_size``; the server applies the method's update. The test set (if any) is evaluated
-    every ``eval_every`` rounds and after the last. ``out`` writes ``rounds.jsonl``,
-    ``metrics.jsonl``, ``calibration.json``, ``summary.json`` and ``model.pt`` there.
+    every ``eval_every`` rounds and after the last.
+
+    ``out`` writes the run directory of ``fedhv run`` (:mod:`fedhv.api.output`: ``config.toml``
+    with ``setting = name``, ``environment.json``, ``calibration.json``, ``rounds.jsonl``,
+    ``metrics.jsonl``, ``model.pt``, ``summary.json``), claimed and locked before any work;
+    a directory holding a run is refused (``overwrite=True`` replaces a finished one), so
+    ``fedhv table`` / ``fedhv plot`` read it.
     """
     method = method or FedHV()
     sim = _prepare(model, data, engine, heads)
     cpr = clients_per_round or min(10, sim.data.num_clients)
     _check(sim.data, cpr, rounds)
+    if eval_every < 1:
+        raise ConfigError(f"eval_every = {eval_every} must be >= 1 (evaluate every n rounds)")
     train: dict[str, Any] = {"local_steps": local_steps, "batch_size": batch_size, "lr_local": lr_local, "momentum": momentum}
-    out_dir = _claim(out)
+    config = {"setting": name, "method": method.name, "seed": seed, "rounds": rounds, "engine": sim.engine_kind,
+              "source": "fedhv.simulate", "model": type(model).__qualname__,
+              "train": {"clients_per_round": cpr, "lr_global": method.lr_global, **train},
+              "eval": {"test_period": eval_every, "final": True},
+              "tasks": {"names": [t.name for t in data.tasks], "kinds": [t.kind for t in data.tasks],
+                        "sizes": [t.size for t in data.tasks]},
+              method.name: method_options(method)}
+    writer = SimRunWriter(out, overwrite) if out is not None else None
+    try:
+        hist = _simulate(sim, model, data, method, rounds, cpr, seed, eval_every, train, config, writer)
+    except BaseException:
+        if writer is not None:
+            writer.fail()
+        raise
+    if writer is not None:
+        writer.close()
+    return hist
+
+
+def _simulate(sim: _Sim, model: nn.Module, data: FederatedDataset, method: Method, rounds: int, cpr: int, seed: int,
+              eval_every: int, train: dict[str, Any], config: dict[str, Any], writer: SimRunWriter | None) -> History:
+    """:func:`simulate` after the checks (``writer``: the claimed run directory or None)."""
     start = time.perf_counter()
     cal, reference = None, None
     if isinstance(method, FedHV):
         if method.reference is None:
             cal = _calibrate(sim, method.calibration_rounds, method.margin, tuple(method.calibration_seeds),
-                             method.lr_global, cpr, **train)
+                             method.lr_global, cpr, method.report_batches, **train)
             reference = cal.reference
         else:
             reference = [float(v) for v in method.reference]
@@ -176,50 +213,34 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
                                   "give one value per task")
     slices = TaskSlices.of(ParamLayout.of(sim.adapter), sim.data.num_tasks, sim.adapter.head_prefix)
     algorithm = method.build(reference, slices.to(sim.data.train_x.device), seed)  # type: ignore[arg-type]
+    if writer is not None:
+        writer.start(config, data.provenance(), cal)
     evaluator = copy.deepcopy(sim.adapter)
     records: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
+    loop_start = time.perf_counter()
 
     def on_round(rec: RoundRecord, theta: torch.Tensor, state: Any) -> None:
-        records.append(rec.as_dict())
+        entry = None
         if "test" in sim.data.eval_sets and (rec.round % eval_every == 0 or rec.round == rounds):
+            t0 = time.perf_counter()
             set_flat(evaluator, theta)
-            x, y = sim.data.eval_sets["test"]
-            acc, loss = evaluate_tasks(evaluator, x, y, 4096, sim.data.objective)
-            evals.append({"round": rec.round, "acc": acc, "loss": loss, "mean_acc": float(np.mean(acc)),
-                          "worst_acc": float(np.min(acc)), "mean_loss": float(np.mean(loss))})
+            acc, loss = evaluate_tasks(evaluator, *sim.data.eval_sets["test"], 4096, sim.data.objective)
+            entry = {"round": rec.round, **aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss,
+                     "time_eval_s": time.perf_counter() - t0}
+            evals.append({"round": rec.round, "acc": acc, "loss": loss,
+                          **{k: entry[k] for k in ("mean_acc", "worst_acc", "mean_loss", "hv")}})
+        wall = time.perf_counter() - loop_start
+        records.append(writer.round(rec, wall, entry) if writer is not None else round_record(rec, wall, entry))
 
     engine_obj = _engine(sim, sim.adapter, seed, "train", **train)
     theta, _ = run_rounds(algorithm, engine_obj, sim.data, get_flat(sim.adapter).clone(), rounds, cpr, seed,
                           "train", on_round)
+    loop_seconds = time.perf_counter() - loop_start
     final = copy.deepcopy(model)
     set_flat(final, theta.to(next(final.parameters()).device))
-    hist = History(records, evals, final, reference, cal, sim.engine_kind, out_dir, time.perf_counter() - start)
-    if out_dir is not None:
-        _write(out_dir, hist, method.name)
+    hist = History(records, evals, final, reference, cal, sim.engine_kind, None, time.perf_counter() - start)
+    if writer is not None:
+        writer.finish(config, [t.name for t in data.tasks], final, reference, cal, loop_seconds, hist.seconds)
+        hist.out = writer.path
     return hist
-
-
-def _claim(out: str | Path | None) -> Path | None:
-    if out is None:
-        return None
-    path = Path(out)
-    if path.exists() and any(path.iterdir()):
-        raise ConfigError(f"out = {str(path)!r} is not empty; choose a new directory")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _write(path: Path, hist: History, method: str) -> None:
-    def lines(name: str, rows: list[dict[str, Any]]) -> None:
-        (path / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-
-    lines("rounds.jsonl", hist.rounds)
-    lines("metrics.jsonl", hist.evaluations)
-    if hist.calibration is not None:
-        (path / "calibration.json").write_text(json.dumps(hist.calibration.as_dict()), encoding="utf-8")
-    last = hist.evaluations[-1] if hist.evaluations else {}
-    summary = {"method": method, "rounds": len(hist.rounds), "engine": hist.engine, "reference": hist.reference,
-               "seconds": hist.seconds, **{k: v for k, v in last.items() if k != "round"}}
-    (path / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    torch.save(hist.model.state_dict(), path / "model.pt")

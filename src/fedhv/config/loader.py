@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from fedhv.config.schema import RunConfig, validate
+from fedhv.config.schema import METHODS, RunConfig, validate
 from fedhv.errors import ConfigError
 
 PRESET_PACKAGE = "fedhv.config"
@@ -308,6 +308,8 @@ def load_config(setting: str, overrides: Iterable[str] = ()) -> RunConfig:
     """Preset or TOML file + overrides -> validated, resolved :class:`RunConfig`."""
     data = apply_overrides(load_setting(setting), overrides)
     cfg = build(RunConfig, data)
+    if cfg.method.lower() in METHODS:  # the built-in methods case-insensitively: method = "FedHV"
+        cfg = dataclasses.replace(cfg, method=cfg.method.lower())
     validate(cfg)
     return resolve(cfg)
 

@@ -11,14 +11,21 @@ from dataclasses import dataclass, field, replace
 
 from fedhv.devices import check_device
 from fedhv.errors import ConfigError
+from fedhv.registry import METHODS as REGISTERED_METHODS
+from fedhv.registry import resolve_benchmark
 
-#: Methods that can be run (``method = ...``).
+#: The built-in methods (``method = ...`` accepts every name in :data:`fedhv.registry.METHODS`).
 METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
 #: Method names accepted as keys of the ``[lr]`` table (the paper's four methods).
 LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 ENGINES: tuple[str, ...] = ("batched", "sequential")
 DTYPES: tuple[str, ...] = ("float32", "float64")
-STRATA: tuple[str, ...] = ("all-label", "first-label")
+#: Dirichlet strata rules (``partition.strata``; :meth:`fedhv.data.benchmarks.Benchmark.strata`).
+#: They differ only for multi-label benchmarks (CelebA5), where ``"all-label"`` is kept as the
+#: earlier name of ``"task-representatives"`` and ``"all-attributes"`` is the paper's all-label rule.
+STRATA: tuple[str, ...] = ("all-label", "first-label", "all-attributes", "task-representatives")
+#: The built-in benchmarks (``data.benchmark`` accepts every name in :data:`fedhv.registry.BENCHMARKS`
+#: and ``"module:attr"`` user factories).
 BENCHMARKS: tuple[str, ...] = ("multimnist", "mnist-fmnist", "cifar10-mnist", "celeba5")
 
 
@@ -29,7 +36,9 @@ class DataConfig:
     Attributes
     ----------
     benchmark : str
-        ``"multimnist"`` or ``"mnist-fmnist"``.
+        A registered benchmark (``"multimnist"``, ``"mnist-fmnist"``, ``"cifar10-mnist"``,
+        ``"celeba5"`` or one registered with :func:`fedhv.register_benchmark`), or a user
+        factory ``"mypkg.tasks:make_benchmark"`` returning a :class:`fedhv.UserBenchmark`.
     root : str or None
         Data directory; ``None`` means ``$FEDHV_DATA`` or ``~/.cache/fedhv/data``.
     download : bool
@@ -346,11 +355,11 @@ def validate(cfg: RunConfig) -> None:
     ConfigError
         Naming the parameter, the value and the fix.
     """
-    _choice("method", cfg.method, METHODS)
+    REGISTERED_METHODS.get(cfg.method)  # one line naming the key, the value, the known methods and the fix
     _choice("engine", cfg.engine, ENGINES)
     _choice("dtype", cfg.dtype, DTYPES)
     check_device(cfg.device)
-    _choice("data.benchmark", cfg.data.benchmark, BENCHMARKS)
+    resolve_benchmark(cfg.data.benchmark)  # a registered name, or an importable 'module:attr' factory
     _choice("partition.strata", cfg.partition.strata, STRATA)
     if cfg.rounds < 1:
         raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")
@@ -396,7 +405,7 @@ def validate(cfg: RunConfig) -> None:
     if not 0.0 <= t.momentum < 1.0:
         raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
     for key, rates in cfg.lr.items():
-        _choice("lr table key", key, LR_METHODS)
+        _choice("lr table key", key, REGISTERED_METHODS.names())
         _positive(f"lr.{key}.global", rates.global_, "a learning rate must be positive, e.g. 1.0 (server)")
         _positive(f"lr.{key}.local", rates.local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
     if t.lr_global is not None:

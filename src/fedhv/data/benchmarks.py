@@ -28,7 +28,9 @@ import numpy as np
 from fedhv.data.augment import Augment
 from fedhv.data.derived import load_derived
 from fedhv.data.idx import load_fashion_mnist, load_mnist
+from fedhv.errors import ConfigError
 from fedhv.objectives import CLASSIFICATION, MultiLabel, Objective
+from fedhv.registry import BENCHMARKS
 from fedhv.rng import numpy_rng
 
 #: MNIST normalisation constants, used for both benchmarks as the reference does.
@@ -84,20 +86,46 @@ class Benchmark:
     def strata(self, rule: str) -> np.ndarray:
         """Stratum label of every training sample for Dirichlet partitioning.
 
-        Classification tasks: ``"all-label"`` is the joint label
-        ``sum_i y_i * prod_{j>i} C_j`` (``10 L + R`` for two 10-class tasks) and
-        ``"first-label"`` the first task's label. Multi-label tasks (CelebA5):
-        ``"first-label"`` is the reference code's 3-bit code of Attractive, Male and
-        Mouth_Slightly_Open (8 strata); ``"all-label"`` joins one representative binary
-        label per task -- the task's attribute whose training positive rate is closest
-        to 1/2 -- into an ``m``-bit code (32 strata for CelebA5). A joint code of all 40
-        attributes would give almost one stratum per image.
+        Classification tasks (one label coordinate per task): ``"all-label"``,
+        ``"all-attributes"`` and ``"task-representatives"`` are all the joint label
+        ``sum_i y_i * prod_{j>i} C_j`` (``10 L + R`` for two 10-class tasks);
+        ``"first-label"`` is the first task's label.
+
+        Multi-label tasks (CelebA5, binary attributes ``a``):
+
+        - ``"all-attributes"``: the joint code of every attribute used by a task,
+          ``sum_a y_a 2^(A-1-j(a))`` over the ``A`` attributes in ascending index order
+          (all 40 for CelebA5, first attribute most significant) -- paper Table 3's
+          all-label strata ("all available task-label coordinates") and the reference
+          code's ``dirichlet_all_labels``. Nearly every image has its own code, so the
+          Dirichlet step places few samples and the uniform top-up fills the rest
+          (``docs/design.md``, "Partition strata").
+        - ``"task-representatives"``: an ``m``-bit code of one attribute per task, the
+          task's attribute whose training positive rate is closest to 1/2 (32 strata for
+          CelebA5); a strongly non-IID alternative.
+        - ``"all-label"``: fedhv's earlier name of ``"task-representatives"``, kept with
+          that meaning so runs made with it resume and tabulate unchanged; a warning
+          points to the two explicit names.
+        - ``"first-label"``: the reference code's 3-bit code of Attractive, Male and
+          Mouth_Slightly_Open (8 strata).
         """
         if isinstance(self.objective, MultiLabel):
             from fedhv.data.celeba import FIRST_LABEL_ATTRIBUTES
 
-            columns = FIRST_LABEL_ATTRIBUTES if rule == "first-label" else self.representative_attributes()
-            code = np.zeros(len(self.train_y), dtype=np.int64)
+            if rule == "first-label":
+                columns: tuple[int, ...] = FIRST_LABEL_ATTRIBUTES
+            elif rule == "all-attributes":
+                columns = tuple(sorted({a for g in self.objective.groups for a in g}))
+            else:
+                if rule == "all-label":
+                    warnings.warn(
+                        f"partition.strata = 'all-label' on {self.name} is the {self.num_tasks}-bit code of one "
+                        "representative attribute per task (fedhv's earlier rule, kept so earlier runs resume "
+                        "unchanged); the paper's all-label strata are 'all-attributes', this rule is also "
+                        "named 'task-representatives'"
+                    )
+                columns = self.representative_attributes()
+            code = np.zeros(len(self.train_y), dtype=np.int64)  # at most 63 bits: A <= 63 attributes
             for c in columns:
                 code = code * 2 + self.train_y[:, c].astype(np.int64)
             return code
@@ -178,9 +206,10 @@ def load_benchmark(
     (:mod:`fedhv.data.derived`). ``augment`` replaces the benchmark's default training
     augmentation.
     """
-    if benchmark not in BUILDERS:
-        raise ValueError(f"unknown benchmark {benchmark!r}")
-    spec = BUILDERS[benchmark]
+    spec = BENCHMARKS.get(benchmark)
+    if not isinstance(spec, BenchmarkSpec):
+        raise ConfigError(f"data.benchmark = {benchmark!r} is a user benchmark (tensors, not image files); "
+                          "fedhv partition-stats and Flower take built-in benchmarks only, use fedhv run / grid")
     params = {"benchmark": benchmark, "pair_seed": pair_seed, "version": spec.version}
     arrays, provenance = load_derived(
         benchmark, spec.datasets, params, root, lambda: spec.build(root, download, pair_seed), use_cache
@@ -213,7 +242,8 @@ def load_benchmark(
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """How a benchmark is built: source data sets (their fingerprints key the cache), builder, constants."""
+    """How a benchmark is built: source data sets (their fingerprints key the cache), builder, constants,
+    and the name of its model in :data:`fedhv.registry.MODELS` (the paper's architecture, B.3)."""
 
     datasets: tuple[str, ...]
     build: Callable[[str | None, bool, int], dict[str, np.ndarray]]
@@ -224,6 +254,7 @@ class BenchmarkSpec:
     augment: Augment
     objective: Objective = CLASSIFICATION
     version: int = 2
+    model: str = "lenet"
 
 
 def _cifar_mnist(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
@@ -241,24 +272,26 @@ def _celeba5(root: str | None, download: bool, pair_seed: int) -> dict[str, np.n
     return {f"{split}_{k}": v for split, pair in data.items() for k, v in zip(("x", "y"), pair)}
 
 
-BUILDERS: dict[str, BenchmarkSpec] = {
-    "multimnist": BenchmarkSpec(
-        ("MNIST",), lambda r, d, s: _build_pairs("multimnist", r, d, s), ("left", "right"), (10, 10),
-        (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0),
-    ),
-    "mnist-fmnist": BenchmarkSpec(
-        ("MNIST", "Fashion-MNIST"), lambda r, d, s: _build_pairs("mnist-fmnist", r, d, s),
-        ("digit", "fashion"), (10, 10), (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0),
-    ),
-    "cifar10-mnist": BenchmarkSpec(
-        ("CIFAR-10", "MNIST"), _cifar_mnist, ("cifar", "digit"), (10, 10),
-        (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010),
-        Augment(rotation_degrees=30.0, integer_angles=True, interpolation="nearest", flip_prob=0.4),
-    ),
-    "celeba5": BenchmarkSpec(
-        ("CelebA",), _celeba5, ("T1", "T2", "T3", "T4", "T5"), (8, 8, 8, 8, 8),
-        tuple(v / 255.0 for v in (72.39239876, 82.90891754, 73.15835921)), (1.0, 1.0, 1.0), Augment(),
-        MultiLabel(((0, 9, 3, 15, 22, 33, 25, 29), (1, 8, 7, 10, 16, 32, 26, 34), (2, 11, 12, 14, 21, 28, 35, 39),
-                    (4, 6, 13, 18, 19, 20, 30, 31), (5, 17, 23, 24, 27, 36, 37, 38))),
-    ),
-}
+BENCHMARKS.register("multimnist", BenchmarkSpec(
+    ("MNIST",), lambda r, d, s: _build_pairs("multimnist", r, d, s), ("left", "right"), (10, 10),
+    (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0), model="lenet",
+))
+BENCHMARKS.register("mnist-fmnist", BenchmarkSpec(
+    ("MNIST", "Fashion-MNIST"), lambda r, d, s: _build_pairs("mnist-fmnist", r, d, s),
+    ("digit", "fashion"), (10, 10), (MNIST_MEAN,), (MNIST_STD,), Augment(rotation_degrees=25.0), model="lenet",
+))
+BENCHMARKS.register("cifar10-mnist", BenchmarkSpec(
+    ("CIFAR-10", "MNIST"), _cifar_mnist, ("cifar", "digit"), (10, 10),
+    (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010),
+    Augment(rotation_degrees=30.0, integer_angles=True, interpolation="nearest", flip_prob=0.4), model="cifar-cnn",
+))
+BENCHMARKS.register("celeba5", BenchmarkSpec(
+    ("CelebA",), _celeba5, ("T1", "T2", "T3", "T4", "T5"), (8, 8, 8, 8, 8),
+    tuple(v / 255.0 for v in (72.39239876, 82.90891754, 73.15835921)), (1.0, 1.0, 1.0), Augment(),
+    MultiLabel(((0, 9, 3, 15, 22, 33, 25, 29), (1, 8, 7, 10, 16, 32, 26, 34), (2, 11, 12, 14, 21, 28, 35, 39),
+                (4, 6, 13, 18, 19, 20, 30, 31), (5, 17, 23, 24, 27, 36, 37, 38))),
+    model="resnet18-gn",
+))
+
+#: The benchmark registry (kept under its former name for existing callers).
+BUILDERS = BENCHMARKS

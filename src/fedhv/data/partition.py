@@ -62,11 +62,14 @@ def dirichlet_partition(
             "samples, so lower partition.clients"
         )
     rng = numpy_rng(seed, "dirichlet-partition")
-    keys = np.unique(strata)
+    # Indices of each stratum in ascending order (== np.flatnonzero(strata == k) for every sorted
+    # key k), by one stable sort: O(n log n) instead of O(K n) for K strata (CelebA5's joint code
+    # of 40 attributes has tens of thousands).
+    order = np.argsort(strata, kind="stable")
+    keys, starts = np.unique(strata[order], return_index=True)
     pools: list[list[int]] = []
     used: list[list[int]] = []
-    for k in keys:
-        idx = np.flatnonzero(strata == k)
+    for idx in np.split(order, starts[1:]):
         pools.append(list(rng.permutation(idx)))
         used.append([])
     out = np.empty((clients, samples_per_client), dtype=np.int64)
@@ -74,10 +77,9 @@ def dirichlet_partition(
     for c in range(clients):
         p = rng.dirichlet(np.full(len(keys), alpha))
         mine: list[int] = []
-        for k in range(len(keys)):
-            want = int(np.floor(p[k] * samples_per_client))
-            if want == 0:
-                continue
+        wants = np.floor(p * samples_per_client).astype(np.int64)
+        for k in np.flatnonzero(wants):  # strata in sorted order; n_k = 0 takes nothing
+            want = int(wants[k])
             if len(pools[k]) < want:
                 refill = pools[k] + used[k]
                 pools[k] = list(rng.permutation(refill)) if refill else []

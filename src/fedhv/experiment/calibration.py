@@ -21,12 +21,10 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from fedhv.algorithms.uniform import Uniform
 from fedhv.config.schema import RunConfig
@@ -36,6 +34,7 @@ from fedhv.experiment.divergence import check_calibration_round, lr_hint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
+from fedhv.weighting.module import reference_from_losses
 
 #: ``(total, description) -> progress bar`` with ``update()`` and ``close()``.
 ProgressFactory = Callable[[int, str], Any]
@@ -169,18 +168,46 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
         )
     if bar is not None:
         bar.close()
+    return calibration_from_records(records, c.margin, time.perf_counter() - start, c.seeds)
+
+
+def calibration_from_records(records: Mapping[str, Sequence[RoundRecord]], margin: float,
+                             seconds: float = 0.0, seeds: Sequence[int] | None = None) -> CalibrationResult:
+    """The calibration of finished uniform-weight rounds, independent of any configuration.
+
+    For the averaged reports ``F^{s,t}`` of calibration seed ``s`` and round ``t``::
+
+        max_report_i = max_{s,t} F_i^{s,t},      r_i = max_report_i + margin,
+
+    both computed by :func:`fedhv.weighting.reference_from_losses` (the one implementation
+    of the rule, shared with the centralized recipe); bytes are totals over rounds and
+    clients, ``sum_t bytes_per_client^t * |clients^t|``. Used by the configured run
+    (:func:`calibrate`) and by :func:`fedhv.calibrate` / :func:`fedhv.simulate`.
+
+    Parameters
+    ----------
+    records : mapping ``{seed: [RoundRecord per round]}``
+        Each record's ``log["report"]`` is ``F^{s,t}``.
+    margin : float
+        ``delta_r >= 0``.
+    seconds : float
+        Wall-clock time of the calibration.
+    seeds : sequence of int, optional
+        The calibration seeds as configured (default: the keys of ``records``).
+    """
+    reports = {str(seed): [list(rec.log["report"]) for rec in recs] for seed, recs in records.items()}
+    rows = [row for rows in reports.values() for row in rows]
+    if not rows:
+        raise CalibrationError("the calibration has no rounds; give calibration rounds >= 1 and at least one seed")
     all_records = [rec for recs in records.values() for rec in recs]
-    reports = {seed: [rec.log["report"] for rec in recs] for seed, recs in records.items()}
-    stacked = np.array([row for rows in reports.values() for row in rows])
-    max_report = stacked.max(0)
     return CalibrationResult(
-        reference=(max_report + c.margin).tolist(),
-        max_report=max_report.tolist(),
-        margin=c.margin,
-        seeds=list(c.seeds),
+        reference=reference_from_losses(rows, margin),
+        max_report=reference_from_losses(rows, 0.0),
+        margin=margin,
+        seeds=[int(seed) for seed in (records if seeds is None else seeds)],
         reports=reports,
-        rounds=c.rounds * len(c.seeds),
-        seconds=time.perf_counter() - start,
+        rounds=len(all_records),
+        seconds=seconds,
         bytes_down=sum(rec.bytes_down * len(rec.clients) for rec in all_records),
         bytes_up=sum(rec.bytes_up * len(rec.clients) for rec in all_records),
     )

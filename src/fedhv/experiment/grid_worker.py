@@ -32,9 +32,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
+
+from fedhv.experiment.signals import signals_blocked
 
 #: Seconds between two checks of the parent's liveness.
 PARENT_POLL_S: float = 0.25
@@ -100,23 +102,16 @@ def _watch(parent_pid: int) -> None:
     os._exit(1)
 
 
-@contextlib.contextmanager
-def spawning_workers() -> Iterator[None]:
+def spawning_workers() -> contextlib.AbstractContextManager[None]:
     """Block :data:`STOP_SIGNALS` in the calling thread while it may start workers.
 
     A worker inherits the signal mask, so a stop signal that reaches it while it is still
     starting up (importing torch, before :func:`init_worker` installed the handlers) stays
     pending and is handled as a stop request, instead of killing it with a traceback. In
-    the parent such a signal is delivered when the block ends.
+    the parent such a signal is delivered when the block ends. Nothing is blocked where
+    the platform has no signal masks (not POSIX).
     """
-    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return signals_blocked(STOP_SIGNALS)
 
 
 def init_worker(threads: int, parent_pid: int) -> None:

@@ -26,9 +26,9 @@ log = logging.getLogger("fedhv")
 
 #: ``factory(clients, round_idx, seed, stream)`` -> one round's federation: an
 #: :class:`~fedhv.algorithms.base.Federation` with the accounting attributes of
-#: :class:`~fedhv.sim.federation.SimFederation` (``client_seconds``, ``bytes_down``,
-#: ``bytes_up``, ``stages``, ``dropped``, ``rejected``, ``diverged``). ``None`` in
-#: :func:`run_rounds` means the simulator's ``SimFederation`` over the engine.
+#: :class:`~fedhv.algorithms.accounting.FederationAccounting` (``client_seconds``,
+#: ``bytes_down``, ``bytes_up``, ``stages``, ``dropped``, ``rejected``, ``diverged``).
+#: ``None`` in :func:`run_rounds` means the simulator's ``SimFederation`` over the engine.
 FederationFactory = Callable[[np.ndarray, int, int, str], Any]
 
 
@@ -107,9 +107,13 @@ def run_rounds(
         Reply norm bounds and divergence checks (default: ``ValidationConfig()``).
     federation_factory : FederationFactory, optional
         Builds each round's federation from ``(clients, round, seed, stream)`` (e.g. the
-        Flower back-end, :mod:`fedhv.flower`); ``faults`` then do not apply and
-        ``engine`` only supplies the device and the local learning rate. Default: a
-        :class:`SimFederation` over ``engine``.
+        Flower back-end, :mod:`fedhv.flower`); ``engine`` then only supplies the device
+        and the local learning rate, and the ``faults`` argument is not used: faults are
+        the factory's. Over Flower, ``faults.corrupt_reports`` / ``corrupt_updates`` /
+        ``poison_updates`` do apply (the SuperNodes put the simulator's keyed garbage in
+        their replies in training rounds, see ``docs/flower.md``), while
+        ``faults.client_dropout`` is not simulated (a node that does not answer in time
+        is dropped). Default: a :class:`SimFederation` over ``engine``.
 
     Returns
     -------

@@ -1,4 +1,8 @@
-"""Method registry: how each method's algorithm is built from a configuration.
+"""The built-in methods' setup factories, registered in :data:`fedhv.registry.METHODS`.
+
+A setup factory ``(cfg, data, progress, calibration, federation_factory) -> MethodSetup``
+builds the configured method's algorithm through the public method objects
+(:mod:`fedhv.api.methods`, one construction for both).
 
 FedHV's reference is resolved here: calibrated (paper §3.2, B.8), the paper's
 Table 6, or given directly (checked against the task count and the initial losses).
@@ -7,16 +11,14 @@ Table 6, or given directly (checked against the task count and the initial losse
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
-from fedhv.algorithms import FedHV, Uniform
 from fedhv.algorithms.base import Algorithm
-from fedhv.algorithms.fedcmoo import FedCMOO
-from fedhv.algorithms.fsmgda import FSMGDA
+from fedhv.api import methods as api
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
@@ -27,6 +29,10 @@ from fedhv.experiment.setup import federated_data, new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
 from fedhv.paper import REFERENCES
+from fedhv.registry import METHODS
+
+#: FedHV and Uniform do not split the model into encoder and heads.
+_NO_SLICES = cast(TaskSlices, None)
 
 
 @dataclass
@@ -109,18 +115,20 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
     return ref, source, None
 
 
+@METHODS.register("fedhv")
 def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
            calibration: CalibrationResult | None = None,
            federation_factory: FederationFactory | None = None) -> MethodSetup:
     ref, source, cal = resolve_reference(cfg, data, progress, calibration, federation_factory)
-    alg = FedHV(ref, cfg.lr_global, cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
-    return MethodSetup(alg, ref.tolist(), source, cal)
+    method = api.FedHV(cfg.lr_global, ref.tolist(), cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
+    return MethodSetup(method.build(ref.tolist(), _NO_SLICES, cfg.seed), ref.tolist(), source, cal)
 
 
+@METHODS.register("uniform")
 def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
              calibration: CalibrationResult | None = None,
              federation_factory: FederationFactory | None = None) -> MethodSetup:
-    return MethodSetup(Uniform(cfg.lr_global))
+    return MethodSetup(api.Uniform(cfg.lr_global).build(None, _NO_SLICES, cfg.seed))
 
 
 def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
@@ -128,26 +136,22 @@ def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
     return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix).to(cfg.device)
 
 
+@METHODS.register("fsmgda")
 def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
             calibration: CalibrationResult | None = None,
             federation_factory: FederationFactory | None = None) -> MethodSetup:
-    # FSMGDAConfig's fields are FSMGDA's keyword options, name for name.
-    return MethodSetup(FSMGDA(_slices(cfg, data), cfg.lr_global, **dataclasses.asdict(cfg.fsmgda)))
+    return MethodSetup(api.FSMGDA(cfg.lr_global, cfg.fsmgda).build(None, _slices(cfg, data), cfg.seed))
 
 
+@METHODS.register("fedcmoo")
 def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
              calibration: CalibrationResult | None = None,
              federation_factory: FederationFactory | None = None) -> MethodSetup:
-    # FedCMOOConfig's fields are FedCMOO's keyword options, name for name.
-    return MethodSetup(FedCMOO(_slices(cfg, data), cfg.lr_global, seed=cfg.seed, **dataclasses.asdict(cfg.fedcmoo)))
+    return MethodSetup(api.FedCMOO(cfg.lr_global, cfg.fedcmoo).build(None, _slices(cfg, data), cfg.seed))
 
 
-METHOD_BUILDERS: dict[str, Callable[..., MethodSetup]] = {
-    "fedhv": _fedhv,
-    "uniform": _uniform,
-    "fsmgda": _fsmgda,
-    "fedcmoo": _fedcmoo,
-}
+#: The method registry (kept under its former name for existing callers).
+METHOD_BUILDERS = METHODS
 
 
 def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
@@ -155,4 +159,4 @@ def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory 
                  federation_factory: FederationFactory | None = None) -> MethodSetup:
     """Build the configured method's algorithm (running calibration if needed and not given;
     its rounds through ``federation_factory`` when given)."""
-    return METHOD_BUILDERS[cfg.method](cfg, data, progress, calibration, federation_factory)
+    return METHODS.get(cfg.method)(cfg, data, progress, calibration, federation_factory)

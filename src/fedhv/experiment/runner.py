@@ -40,6 +40,7 @@ from fedhv.experiment.environment import environment
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
+from fedhv.experiment.signals import signals_held
 from fedhv.metrics import aggregate_metrics, evaluate_tasks
 from fedhv.models import MultiTaskModel, get_flat, set_flat
 from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir, write_atomic_with
@@ -87,25 +88,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
+def signals_deferred() -> contextlib.AbstractContextManager[None]:
     """Hold SIGINT and SIGTERM back until the block ends (main thread, POSIX).
 
     A round's bookkeeping (its ``rounds.jsonl`` / ``metrics.jsonl`` lines, the record of
     what a checkpoint must cover, the checkpoint itself) must not be cut between its
     steps: an interrupt there would leave a written line that no checkpoint covers.
-    The signal stays pending and is delivered when the block ends, so a stop request is
-    never lost, only delayed by one round's bookkeeping (milliseconds).
+    The signal is noted and raised again when the block ends, so a stop request is never
+    lost, only delayed by one round's bookkeeping (milliseconds), whichever of the
+    process's threads the kernel delivered it to (:func:`~fedhv.experiment.signals.signals_held`).
     """
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return signals_held((signal.SIGINT, signal.SIGTERM))
 
 
 def _write_bytes(fh: BinaryIO, data: bytes) -> None:

@@ -3,20 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import torch
 
 from fedhv.config.schema import RunConfig
+from fedhv.data.augment import Augment
 from fedhv.data.benchmarks import Benchmark, load_benchmark
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition
+from fedhv.data.user import user_benchmark, user_federated_data, user_model
 from fedhv.models import MultiTaskModel, build_model, default_init
 from fedhv.rng import numpy_rng, torch_generator
 from fedhv.sim.batched import BatchedEngine
+from fedhv.registry import BENCHMARKS
 from fedhv.sim.engine import Engine, SequentialEngine
+from fedhv.sim.module import ModuleAdapter, vmap_problem
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def configured_augment(aug: Augment, cfg: RunConfig) -> Augment:
+    """The benchmark's training augmentation ``aug`` with ``data.rotation_degrees`` /
+    ``data.flip_prob`` overrides applied (``None`` keeps the benchmark's value)."""
+    d = cfg.data
+    return dataclasses.replace(
+        aug,
+        rotation_degrees=aug.rotation_degrees if d.rotation_degrees is None else d.rotation_degrees,
+        flip_prob=aug.flip_prob if d.flip_prob is None else d.flip_prob,
+    )
 
 
 def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray]:
@@ -31,20 +47,17 @@ def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray]:
         val_seed=d.val_seed,
     )
     if d.rotation_degrees is not None or d.flip_prob is not None:
-        aug = bench.augment
-        aug = dataclasses.replace(
-            aug,
-            rotation_degrees=aug.rotation_degrees if d.rotation_degrees is None else d.rotation_degrees,
-            flip_prob=aug.flip_prob if d.flip_prob is None else d.flip_prob,
-        )
-        bench = dataclasses.replace(bench, augment=aug)
+        bench = dataclasses.replace(bench, augment=configured_augment(bench.augment, cfg))
     p = cfg.partition
     parts = dirichlet_partition(bench.strata(p.strata), p.clients, p.samples_per_client, p.alpha, p.seed)
     return bench, parts
 
 
 def federated_data(cfg: RunConfig) -> FederatedData:
-    """Device tensors of the benchmark and partition."""
+    """Device tensors of the benchmark and partition (a user benchmark's: :mod:`fedhv.data.user`)."""
+    if user_benchmark(cfg.data.benchmark) is not None:
+        return user_federated_data(cfg.data.benchmark, cfg.partition, DTYPES[cfg.dtype], cfg.device,
+                                   cfg.data.max_test_samples)
     bench, parts = load_data(cfg)
     return FederatedData.from_benchmark(
         bench,
@@ -62,13 +75,26 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     The initialisation is drawn on the CPU and the model then moved to ``cfg.device``,
     so every device starts from the same parameters.
     """
-    model = build_model(cfg.data.benchmark, data.num_classes)
+    if user_benchmark(cfg.data.benchmark) is not None:
+        model = user_model(cfg.data.benchmark, data)
+    else:
+        model = build_model(BENCHMARKS.get(cfg.data.benchmark).model, data.num_classes)
     default_init(model, torch_generator(seed, "model-init"))
     return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
 
 
 def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed: int, stream: str) -> Engine:
-    """The configured engine over ``model`` (a working copy it may overwrite)."""
+    """The configured engine over ``model`` (a working copy it may overwrite).
+
+    A user's module that ``torch.func.vmap`` cannot run (BatchNorm in train mode) runs on
+    the sequential engine, with a one-line warning.
+    """
+    if cfg.engine == "batched" and isinstance(model, ModuleAdapter):
+        problem = vmap_problem(model, data.train_x[:2])
+        if problem is not None:
+            warnings.warn(f"torch.func.vmap cannot run this model ({problem}); using the sequential engine",
+                          RuntimeWarning, stacklevel=2)
+            cfg = dataclasses.replace(cfg, engine="sequential")
     if cfg.engine == "batched":
         return BatchedEngine(
             model, data, local_steps=cfg.train.local_steps, batch_size=cfg.train.batch_size, lr_local=cfg.lr_local,

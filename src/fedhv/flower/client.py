@@ -3,8 +3,10 @@
 Two handlers (Message API):
 
 - ``query``: the handshake. Stores the run's configuration in ``Context.state``, loads
-  the node's partition (``--node-config "partition-id=K num-partitions=N"``) and answers
-  with it, so the server maps Flower node ids (random per run) to client ids.
+  the node's data (``--node-config "partition-id=K num-partitions=N"``: partition ``K``
+  of the built-in setting; with ``data-path=FILE`` the node's own samples,
+  :mod:`fedhv.data.node_file`) and answers with what it serves, so the server maps
+  Flower node ids (random per run) to client ids.
 - ``train``: one synchronization stage (:mod:`fedhv.flower.protocol`), computed by
   :class:`~fedhv.flower.node.NodeWorker` with the simulator's sequential engine.
 
@@ -30,25 +32,30 @@ app = ClientApp()
 _HELD_META = "fedhv.held-meta"
 
 
-def node_partition(context: Context) -> tuple[int, int]:
-    """``(partition-id, num-partitions)`` from the SuperNode's ``--node-config``."""
+def node_partition(context: Context) -> tuple[int, int, str | None]:
+    """``(partition-id, num-partitions, data-path or None)`` from the SuperNode's ``--node-config``."""
     cfg = context.node_config
     try:
-        return as_int(cfg["partition-id"], "partition-id"), as_int(cfg["num-partitions"], "num-partitions")
+        pid, n = as_int(cfg["partition-id"], "partition-id"), as_int(cfg["num-partitions"], "num-partitions")
     except (KeyError, TypeError, ValueError):
         raise NodeError(
             f"node-config {dict(cfg)} lacks integer partition-id / num-partitions; start the SuperNode with "
-            "--node-config \"partition-id=K num-partitions=N\"") from None
+            "--node-config \"partition-id=K num-partitions=N\" (and data-path=FILE for data of its own)") from None
+    path = cfg.get("data-path")
+    return pid, n, (str(path) if path else None)
 
 
 @app.query()
 def hello(msg: Message, context: Context) -> Message:
-    """Handshake: remember the run's configuration, load the partition, say which it is."""
+    """Handshake: remember the run's configuration, load the node's data, say which client it is
+    and what it serves (samples; file path and SHA-256 for data of its own)."""
     text = str(msg.content.config_records[HELLO]["config"])
-    pid, n = node_partition(context)
-    worker_for(text, pid, n)  # loads the data now and checks the partition fits the run
+    pid, n, path = node_partition(context)
+    worker = worker_for(text, pid, n, path)  # loads the data now and checks it fits the run
     context.state[HELLO] = ConfigRecord({"config": text})
-    return Message(RecordDict({NODE: ConfigRecord({"partition-id": pid, "num-partitions": n})}), reply_to=msg)
+    info = {"partition-id": pid, "num-partitions": n,
+            **{k: v if isinstance(v, int) else str(v) for k, v in worker.provenance.items()}}
+    return Message(RecordDict({NODE: ConfigRecord(info)}), reply_to=msg)
 
 
 @app.train()
@@ -57,12 +64,12 @@ def stage(msg: Message, context: Context) -> Message:
     if HELLO not in context.state.config_records:
         raise NodeError("stage message before the handshake: the server must send the query handshake first")
     text = str(context.state.config_records[HELLO]["config"])
-    pid, n = node_partition(context)
+    pid, n, path = node_partition(context)
     order, fields = stage_order(msg.content)
     if fields["config-sha"] != config_sha(text) or as_int(fields["client"], "client") != pid:
         raise NodeError(f"stage for client {fields['client']} of config {str(fields['config-sha'])[:12]} reached "
                         f"partition {pid} of config {config_sha(text)[:12]}; the server's node map is stale")
-    worker = worker_for(text, pid, n)
+    worker = worker_for(text, pid, n, path)
     held = context.state.array_records.get(HELD)
     meta = context.state.config_records.get(_HELD_META)
     if MODEL in msg.content.array_records:

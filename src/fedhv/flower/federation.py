@@ -28,6 +28,7 @@ client-held tensor, which it could not reproduce on the nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -38,6 +39,7 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedhv.algorithms.accounting import FederationAccounting
 from fedhv.algorithms.base import Replies, Request
 from fedhv.algorithms.validation import (
     ClientReply,
@@ -85,6 +87,8 @@ class NodeMap:
     """Which SuperNode holds which client (partition id = client id)."""
 
     nodes: dict[int, int]
+    #: per client: what its node serves (``samples``; ``node_file`` and ``sha256`` for data of its own)
+    served: dict[int, dict[str, object]] = dataclasses.field(default_factory=dict)
 
     def node(self, client: int) -> int | None:
         return self.nodes.get(int(client))
@@ -110,6 +114,7 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
     messages = [Message(content, dst_node_id=i, message_type=MessageType.QUERY, group_id="handshake") for i in ids]
     replies = round_trip(grid, messages, max(deadline - time.monotonic(), 30.0))
     nodes: dict[int, int] = {}
+    served: dict[int, dict[str, object]] = {}
     for reply in replies:
         src = reply.metadata.src_node_id
         if reply.has_error():
@@ -120,57 +125,40 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
             raise FlowerSetupError(f"SuperNodes {nodes[pid]} and {src} both claim partition-id={pid}; give each "
                                    "SuperNode its own partition-id")
         nodes[pid] = src
-        log.info("SuperNode %d holds partition %d of %d", src, pid, n)
+        served[pid] = {k: rec[k] for k in rec if k not in ("partition-id", "num-partitions")}
+        if "node_file" in rec:
+            log.info("SuperNode %d is client %d of %d with its own data: %s (%s samples, sha256 %s)", src, pid, n,
+                     rec["node_file"], rec.get("samples"), str(rec.get("sha256", ""))[:16])
+        else:
+            log.info("SuperNode %d holds partition %d of %d", src, pid, n)
     missing = sorted(set(range(num_clients)) - set(nodes))
     if missing:
         raise FlowerSetupError(f"no SuperNode answered the handshake for partitions {missing}; start them with "
                                f"--node-config \"partition-id=K num-partitions={num_clients}\"")
-    return NodeMap(nodes)
+    return NodeMap(nodes, served)
 
 
-class FlowerFederation:
+class FlowerFederation(FederationAccounting):
     """One round's sampled clients, served by SuperNodes through a ``Grid``.
 
-    Same accounting attributes as :class:`~fedhv.sim.federation.SimFederation`
-    (``bytes_down``, ``bytes_up``, ``stages``, ``client_seconds``, ``dropped``,
-    ``rejected``, ``diverged``), so :func:`~fedhv.experiment.loop.run_rounds` records
-    its rounds identically. ``client_seconds`` is the wall-clock time of the stages'
-    round trips.
+    Same accounting as :class:`~fedhv.sim.federation.SimFederation`
+    (:class:`~fedhv.algorithms.accounting.FederationAccounting`: ``bytes_down``,
+    ``bytes_up``, ``stages``, ``client_seconds``, ``dropped``, ``rejected``,
+    ``diverged``), so :func:`~fedhv.experiment.loop.run_rounds` records its rounds
+    identically. ``client_seconds`` is the wall-clock time of the stages' round trips.
     """
 
     def __init__(self, grid: Grid, nodes: NodeMap, clients: np.ndarray, round_idx: int, seed: int, stream: str,
                  config_sha: str, num_tasks: int, timeout: float | None = None, max_update_norm: float = 0.0,
                  max_norm_ratio: float = 0.0, faults: FaultInjector | None = None) -> None:
+        super().__init__(np.asarray(clients), round_idx)
         self.grid, self.nodes = grid, nodes
-        self.round_idx, self.seed, self.stream, self.sha = round_idx, seed, stream, config_sha
+        self.seed, self.stream, self.sha = seed, stream, config_sha
         self.num_tasks, self.timeout = num_tasks, timeout
         self.max_update_norm, self.max_norm_ratio = max_update_norm, max_norm_ratio
         self.faults = faults or no_faults()
-        self.dropped: list[int] = []
-        self.rejected: list[tuple[int, str]] = []
-        self.diverged: list[tuple[int, str]] = []
-        self._clients = np.asarray(clients)
         self._gradients: torch.Tensor | None = None  # [k, T, d] of the last gradient stage, in _clients order
         self._held_clients: list[int] = []
-        self.bytes_down = 0
-        self.bytes_up = 0
-        self.stages = 0
-        self.client_seconds = 0.0
-
-    @property
-    def clients(self) -> np.ndarray:
-        return self._clients
-
-    def count_uplink(self, nbytes_per_client: int) -> None:
-        self.bytes_up += int(nbytes_per_client)
-
-    def count_downlink(self, nbytes_per_client: int) -> None:
-        self.bytes_down += int(nbytes_per_client)
-
-    def relay(self, down_bytes: int, up_bytes: int) -> None:
-        self.stages += 1
-        self.bytes_down += int(down_bytes)
-        self.bytes_up += int(up_bytes)
 
     def _check_first_step(self, request: Request) -> None:
         first, train, held = request.first_step, request.train, self._gradients
@@ -272,8 +260,6 @@ class FlowerFederation:
         log.warning("round %d: client %d dropped: %s", self.round_idx + 1, client, why)
 
     def _reject(self, client: int, problem: str, own: bool = False) -> None:
-        self.rejected.append((client, problem))
-        if own:
-            self.diverged.append((client, problem))
+        """Record and log the rejection, and take ``client`` out of the rest of the round."""
         self._clients = self._clients[self._clients != client]
-        log.warning("round %d: client %d rejected: %s", self.round_idx + 1, client, problem)
+        super()._reject(client, problem, own)

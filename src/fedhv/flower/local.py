@@ -50,6 +50,7 @@ from typing import IO, Any
 
 from fedhv.config import dumps, load_config, to_dict
 from fedhv.config.schema import RunConfig
+from fedhv.data.node_file import node_data_file
 from fedhv.errors import FedHVError
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
@@ -126,6 +127,7 @@ class Deployment:
     isolation: str = "process"
     supernode_cmd: list[str] = field(default_factory=list)
     auth: bool = False
+    node_data: Path | None = None
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)
     logs: list[IO[bytes]] = field(default_factory=list)
@@ -166,9 +168,12 @@ class Deployment:
         port = free_ports(1)[0]
         tls = ["--insecure"] if self.root_certificates is None else ["--root-certificates", self.root_certificates]
         auth = [] if key is None else ["--auth-supernode-private-key", str(key)]
+        node_config = f"partition-id={k} num-partitions={self.nodes}"
+        if self.node_data is not None:  # a TOML string value: Flower parses --node-config as TOML pairs
+            node_config += f" data-path={json.dumps(str(node_data_file(self.node_data, k)))}"
         node = self.start(name, [
             *self.supernode_cmd, *tls, *auth, "--superlink", f"127.0.0.1:{self.port}",
-            "--node-config", f"partition-id={k} num-partitions={self.nodes}", "--isolation", self.isolation,
+            "--node-config", node_config, "--isolation", self.isolation,
             "--host", "127.0.0.1", "--port", str(port),
         ])
         if self.isolation == "process" and clientapp:
@@ -219,7 +224,8 @@ class Deployment:
         app_dir = Path(tempfile.mkdtemp(prefix="app-", dir=self.workdir))
         (app_dir / "config.toml").write_text(dumps(to_dict(cfg)))
         run_config: dict[str, Any] = {"config": str(app_dir / "config.toml"), "out": str(run_dir),
-                                      "stage-timeout": float(stage_timeout), "node-wait": 120.0}
+                                      "stage-timeout": float(stage_timeout), "node-wait": 120.0,
+                                      "log": str(app_dir / "serverapp.log")}
         if resume is not None:
             run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir)}
         (app_dir / "pyproject.toml").write_text(app_pyproject(run_config))
@@ -230,7 +236,7 @@ class Deployment:
         except (ValueError, KeyError, TypeError):
             raise FlowerRunError(f"flwr run did not start the run (status {submit.returncode}): "
                                  f"{(submit.stdout + submit.stderr).strip()[-500:]}") from None
-        _follow(self, run_id, run_dir, cfg.rounds, progress)
+        _follow(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log")
         return run_dir
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -324,7 +330,8 @@ def default_out(cfg: RunConfig) -> Path:
 
 @contextlib.contextmanager
 def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
-                     keep_workdir: bool = False, tls: bool = False, auth: bool = False) -> Iterator[Deployment]:
+                     keep_workdir: bool = False, tls: bool = False, auth: bool = False,
+                     node_data: str | Path | None = None) -> Iterator[Deployment]:
     """A SuperLink and ``nodes`` SuperNodes (partition ``K`` of ``nodes`` each) on 127.0.0.1.
 
     Runs are submitted with :meth:`Deployment.submit` (several may run one after the
@@ -335,7 +342,10 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     certificate (:mod:`fedhv.flower.certs`); every connection to the SuperLink (SuperNodes,
     ``flwr run``, the ServerApp) is TLS, verified against the CA. ``auth`` (needs ``tls``):
     SuperNode authentication; each SuperNode gets its own P-384 key, registered with
-    ``flwr supernode register`` before it starts. On exit every started process group
+    ``flwr supernode register`` before it starts. ``node_data``: a folder of node data
+    files; SuperNode ``K`` serves ``client-K.npz`` from it (``data-path``,
+    :mod:`fedhv.data.node_file`) instead of partition ``K`` of the built-in setting. On exit
+    every started process group
     is stopped; the work directory (logs, certificates) is removed unless a run failed or
     ``keep_workdir``.
     """
@@ -345,6 +355,14 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
         raise FlowerRunError(f"isolation {isolation!r} is not known; use \"process\" or \"subprocess\"")
     if auth and not tls:
         raise FlowerRunError("--auth without --tls: Flower's SuperNode authentication needs TLS; add --tls")
+    data_dir = None
+    if node_data is not None:
+        data_dir = Path(node_data).resolve()
+        missing = [k for k in range(nodes) if not node_data_file(data_dir, k).is_file()]
+        if missing:
+            raise FlowerRunError(f"--node-data {node_data}: no {node_data_file(data_dir, missing[0]).name} (clients "
+                                 f"{missing} lack a file); write them with `fedhv flower export SETTING --out "
+                                 f"{node_data}`")
     workdir = Path(tempfile.mkdtemp(prefix="fedhv-flower-"))
     home = workdir / "flwr-home"
     home.mkdir()
@@ -368,7 +386,7 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     if poll_s is not None:
         env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
     supernode_cmd = [_bin("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
-    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth)
+    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir)
     ok = False
     try:
         link = dep.start("superlink", [
@@ -393,19 +411,30 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
 def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, *, isolation: str = "process",
               stage_timeout: float = 0.0, poll_s: float | None = 0.1, progress: Callable[[int, int], None] | None = None,
               on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False, tls: bool = False,
-              auth: bool = False, resume: str | Path | None = None) -> Path:
+              auth: bool = False, resume: str | Path | None = None, node_data: str | Path | None = None) -> Path:
     """Run ``cfg`` (or ``resume`` a run directory) on a fresh :func:`local_deployment` of ``nodes``
     SuperNodes; returns the run directory. ``on_start`` sees the deployment once every process runs."""
     with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
-                          auth=auth) as dep:
+                          auth=auth, node_data=node_data) as dep:
         if on_start is not None:
             on_start(dep)
         return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume)
 
 
+def _last_error(log: Path) -> str:
+    """The ServerApp's last error line in its log (``""`` when none was logged)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if line.startswith("ERROR") or "Error:" in line]
+    return errors[-1].strip() if errors else ""
+
+
 def _follow(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
-            progress: Callable[[int, int], None] | None) -> None:
-    """Wait for the run to finish, reporting rounds; raise unless it completed with a summary."""
+            progress: Callable[[int, int], None] | None, server_log: Path | None = None) -> None:
+    """Wait for the run to finish, reporting rounds; raise unless it completed with a summary
+    (naming the ServerApp's last logged error and its log file)."""
     done, status, last_poll = -1, "", 0.0
     while True:
         dep.check_alive()
@@ -422,9 +451,13 @@ def _follow(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
     if progress is not None:
         progress(_count_lines(run_dir / "rounds.jsonl"), rounds)
     if not status.endswith("completed") or not (run_dir / "summary.json").is_file():
-        raise FlowerRunError(f"Flower run {run_id} ended {status or 'without a status'} and "
-                             f"{run_dir / 'summary.json'} {'exists' if (run_dir / 'summary.json').exists() else 'is missing'}"
-                             f"; the ServerApp's log is in {dep.workdir / 'superlink.log'}")
+        summary = run_dir / "summary.json"
+        cause = _last_error(server_log) if server_log is not None else ""
+        where = server_log if server_log is not None and server_log.is_file() else dep.workdir / "superlink.log"
+        raise FlowerRunError(f"Flower run {run_id} ended {status or 'without a status'} and {summary} "
+                             f"{'exists' if summary.exists() else 'is missing'}"
+                             + (f"; the ServerApp failed with: {cause}" if cause else "")
+                             + f"; the ServerApp's log is {where}")
 
 
 def _count_lines(path: Path) -> int:

@@ -1,6 +1,7 @@
-"""A SuperNode's own computation: one client of a built-in setting (no ``flwr`` import).
+"""A SuperNode's own computation: one client of a setting (no ``flwr`` import).
 
-A node holds one partition ``K`` of a built-in setting (``partition-id = K``) and serves
+A node holds one partition ``K`` of a built-in setting (``partition-id = K``), or its own
+samples from a file (``data-path``, :mod:`fedhv.data.node_file`), and serves
 the three client primitives of :mod:`fedhv.algorithms.base` with the simulator's
 reference code: a :class:`~fedhv.sim.engine.SequentialEngine` over *only the node's
 samples*. Every random draw is keyed by ``(seed, stream, round, client)``
@@ -22,6 +23,7 @@ from fedhv.algorithms.validation import ClientReply
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
+from fedhv.data.node_file import NodeDataError, load_node_file
 from fedhv.errors import FedHVError
 from fedhv.experiment.setup import federated_data, new_model
 from fedhv.sim.engine import SequentialEngine
@@ -90,9 +92,14 @@ class NodeWorker:
     partition, num_partitions : int
         This node's ``--node-config`` (``partition-id``, ``num-partitions``);
         ``num_partitions`` must equal the setting's ``partition.clients``.
+    data_path : str, optional
+        ``--node-config data-path=FILE``: serve the node's own samples from ``FILE``
+        (:mod:`fedhv.data.node_file`) instead of partition ``partition`` of the built-in
+        setting; the node then never reads the benchmark. ``partition`` still names
+        the client the node is (sampling and the server's records use it).
     """
 
-    def __init__(self, config_text: str, partition: int, num_partitions: int) -> None:
+    def __init__(self, config_text: str, partition: int, num_partitions: int, data_path: str | None = None) -> None:
         cfg = config_from_toml_text(config_text)
         n = cfg.partition.clients
         if num_partitions != n or not 0 <= partition < n:
@@ -106,8 +113,35 @@ class NodeWorker:
         self.client = partition
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.data = node_data(federated_data(cfg), partition)
-        self.model = new_model(cfg, self.data, cfg.seed)
+        if data_path:
+            self.data = load_node_file(data_path, cfg, partition, n)
+            self.model = new_model(cfg, self.data, cfg.seed)
+            self._check_fits(data_path)
+        else:
+            self.data = node_data(federated_data(cfg), partition)
+            self.model = new_model(cfg, self.data, cfg.seed)
+
+    @property
+    def provenance(self) -> dict[str, object]:
+        """What this node serves: its own file (path, SHA-256, samples) or the built-in partition."""
+        if "node_file" in self.data.provenance:
+            return dict(self.data.provenance)
+        return {"samples": int(self.data.parts.shape[1])}
+
+    def _check_fits(self, data_path: str) -> None:
+        """One forward pass and loss on the file's first samples: images of another size or
+        channel count fail here, with the file named, not in the first round."""
+        x, y = self.data.train_x[:2], self.data.train_y[:2]
+        try:
+            with torch.no_grad():
+                losses, _ = self.data.objective.per_sample(self.model(x), y)
+        except (RuntimeError, IndexError, ValueError) as e:
+            raise NodeDataError(
+                f"node data file {data_path!r}: images {list(self.data.train_x.shape[1:])} (C, H, W) do not fit the "
+                f"{self.cfg.data.benchmark} model ({str(e).splitlines()[0]}); serve images of the benchmark's size"
+            ) from None
+        if not bool(torch.isfinite(losses).all()):
+            raise NodeDataError(f"node data file {data_path!r}: the model's losses on its first samples are not finite")
 
     @property
     def num_tasks(self) -> int:
@@ -169,14 +203,14 @@ class NodeWorker:
         return StageResult(report=arr(bad.report), gradients=arr(bad.gradients), deltas=arr(bad.deltas))
 
 
-_WORKERS: dict[tuple[str, int, int], NodeWorker] = {}
+_WORKERS: dict[tuple[str, int, int, str], NodeWorker] = {}
 
 
-def worker_for(config_text: str, partition: int, num_partitions: int) -> NodeWorker:
+def worker_for(config_text: str, partition: int, num_partitions: int, data_path: str | None = None) -> NodeWorker:
     """The (cached) worker of this process for a run: a long-lived ClientApp process loads
     the data once per run, not once per message."""
-    key = (config_sha(config_text), partition, num_partitions)
+    key = (config_sha(config_text), partition, num_partitions, data_path or "")
     if key not in _WORKERS:
         _WORKERS.clear()  # one run at a time per node: drop the previous run's data
-        _WORKERS[key] = NodeWorker(config_text, partition, num_partitions)
+        _WORKERS[key] = NodeWorker(config_text, partition, num_partitions, data_path)
     return _WORKERS[key]

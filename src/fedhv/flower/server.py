@@ -7,7 +7,8 @@ The app's run config (``[tool.flwr.app.config]`` of the generated app,
   ``resume``: path of an unfinished run directory to continue;
 - ``out``: the run directory to create (empty = the default ``runs/...`` name);
 - ``stage-timeout``: seconds a stage waits for replies (0 = until every client answered);
-- ``node-wait``: seconds to wait for the SuperNodes to connect.
+- ``node-wait``: seconds to wait for the SuperNodes to connect;
+- ``log``: a file that receives the app's log, and the error of a failed run.
 
 The run is :func:`fedhv.experiment.runner.run_experiment` (or ``resume_experiment``)
 with a :class:`~fedhv.flower.federation.FlowerFederation` per round instead of the
@@ -94,9 +95,26 @@ def fast_pulls(cap_s: float = 0.2) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """ServerApp entry point."""
+    """ServerApp entry point. With ``log`` in the run config, the app's log (and the error of
+    a failed run, traceback included) also goes to that file: flwr 1.42 does not always
+    keep a ServerApp's output anywhere the operator can read it."""
     logging.basicConfig(level=logging.INFO)
-    fast_pulls()
-    summary = serve(grid, dict(context.run_config))
-    log.info("fedhv run finished: mean_acc %s, %s s per round", summary.get("mean_acc"),
-             summary.get("seconds_per_round"))
+    run_config = dict(context.run_config)
+    path = str(run_config.get("log", ""))
+    handler = None
+    if path:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+    try:
+        fast_pulls()
+        summary = serve(grid, run_config)
+        log.info("fedhv run finished: mean_acc %s, %s s per round", summary.get("mean_acc"),
+                 summary.get("seconds_per_round"))
+    except BaseException as e:
+        log.exception("%s: %s", type(e).__name__, e)
+        raise
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()

@@ -7,16 +7,21 @@ from fedhv.models.cifar_cnn import CifarCNN
 from fedhv.models.lenet import LeNetMTL
 from fedhv.models.params import ParamLayout, default_init, get_flat, set_flat
 from fedhv.models.resnet import ResNet18GN
+from fedhv.registry import MODELS
 
 __all__ = ["CifarCNN", "LeNetMTL", "MultiTaskModel", "ParamLayout", "ResNet18GN", "build_model", "default_init", "get_flat", "set_flat"]
 
 
-def build_model(benchmark: str, num_classes: tuple[int, ...]) -> MultiTaskModel:
-    """The paper's architecture for a benchmark family (B.3)."""
-    if benchmark in ("multimnist", "mnist-fmnist"):
-        return LeNetMTL(num_classes)
-    if benchmark.startswith("cifar10-mnist"):
-        return CifarCNN(num_classes)
-    if benchmark == "celeba5":
-        return ResNet18GN(num_classes)
-    raise ValueError(f"no model for benchmark {benchmark!r}")
+MODELS.register("lenet", LeNetMTL)
+MODELS.register("cifar-cnn", CifarCNN)
+MODELS.register("resnet18-gn", ResNet18GN)
+
+
+def build_model(model: str, num_classes: tuple[int, ...]) -> MultiTaskModel:
+    """The registered model ``model`` (:data:`fedhv.registry.MODELS`) with one head per task.
+
+    Built-ins (the paper's architectures, B.3): ``"lenet"`` (MultiMNIST, MNIST-FMNIST),
+    ``"cifar-cnn"`` (CIFAR10-MNIST), ``"resnet18-gn"`` (CelebA5); a benchmark names its
+    model in :attr:`fedhv.data.benchmarks.BenchmarkSpec.model`.
+    """
+    return MODELS.get(model)(num_classes)

@@ -59,6 +59,9 @@ class Run:
     summary: dict[str, Any]
     variant: tuple[str, Any] | None = None
     ablation: str | None = None
+    #: Report the extra evaluation after the last round instead of the last scheduled one
+    #: (:attr:`reported`; ``fedhv table --final-eval``).
+    final_eval: bool = False
 
     @property
     def setting(self) -> str:
@@ -85,13 +88,7 @@ class Run:
         p = self.path / "calibration.json"
         if not p.exists():
             return None
-        data, problem = _parse(p, json.loads)
-        if problem is None and not isinstance(data, dict):
-            problem = "not a JSON object"
-        if problem is not None:
-            log.warning(f"skipped {p}: {problem}")
-            return None
-        return data
+        return _load_checked(p, json.loads, _object_problem, left_out="")
 
     def config_value(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.config
@@ -110,6 +107,79 @@ class Run:
         period = int(self.config_value("eval.test_period", 0) or 0)
         scheduled = [e for e in self.metrics if period and e["round"] % period == 0]
         return (scheduled or self.metrics)[-n:]
+
+    @property
+    def total_rounds(self) -> int:
+        """The run's number of adaptive rounds ``T`` (``summary.json``, else ``config.toml``)."""
+        value = self.summary.get("rounds", self.config.get("rounds"))
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def scheduled_round(self) -> int | None:
+        """The round of the last scheduled test evaluation, ``floor(T / P) P`` for test period ``P``.
+
+        None when the run has no scheduled evaluation (``P = 0`` or ``P > T``).
+        """
+        period = self.config_value("eval.test_period", 0)
+        period = period if isinstance(period, int) and not isinstance(period, bool) else 0
+        rounds = self.total_rounds
+        return (rounds // period) * period if 0 < period <= rounds else None
+
+    @cached_property
+    def _scheduled_record(self) -> dict[str, Any] | None:
+        """The ``metrics.jsonl`` record of :attr:`scheduled_round` (None, with a warning, if missing)."""
+        target = self.scheduled_round
+        found = [e for e in self.metrics if e["round"] == target]
+        if target is not None and not found:
+            log.warning(f"{self.path / 'metrics.jsonl'} has no test evaluation at round {target}, the run's last "
+                        "scheduled one: its final-result table values are left out (fedhv table --final-eval "
+                        "reports summary.json's final evaluation instead)")
+        return found[-1] if found else None
+
+    @property
+    def reported(self) -> dict[str, Any]:
+        """The test evaluation that the final-result tables (1, 8, 9, 10) report.
+
+        Paper B.5: "Final tables use the final scheduled test evaluation" -- the last
+        evaluation at a multiple of ``eval.test_period`` (:attr:`scheduled_round`: round
+        198 of 200, 498 of 500 with test period 3), read from ``metrics.jsonl``. fedhv also
+        evaluates after the last round (``eval.final``); that evaluation is ``summary.json``'s
+        and is reported instead when :attr:`final_eval` is set, or when the run has no
+        scheduled evaluation. A run whose ``metrics.jsonl`` lacks the scheduled record
+        reports nothing (``{}``; one warning names the file).
+
+        Returns
+        -------
+        dict
+            ``mean_acc``, ``worst_acc``, ``mean_loss``, ``hv``, ``task_acc``, ``task_loss``
+            (each possibly ``None``) and ``round``.
+        """
+        if self.final_eval or self.scheduled_round is None:
+            final = self.summary.get("final_eval_round")
+            return {**self.summary, "round": final if isinstance(final, int) else self.total_rounds}
+        return self._scheduled_record or {}
+
+
+def evaluation_note(runs: Sequence[Run]) -> str:
+    """The table note saying which evaluation :attr:`Run.reported` took, with its rounds."""
+    def rounds(selected: Iterable[Run]) -> str:
+        pairs = sorted({(r.reported.get("round"), r.total_rounds) for r in selected}, key=str)
+        return ", ".join(f"round {a} of {b}" for a, b in pairs)
+
+    final = [r for r in runs if r.final_eval]
+    scheduled = [r for r in runs if not r.final_eval and r.scheduled_round is not None]
+    unscheduled = [r for r in runs if not r.final_eval and r.scheduled_round is None]
+    parts = []
+    if scheduled:
+        parts.append(f"Values are each run's last scheduled test evaluation ({rounds(scheduled)}), as in paper B.5; "
+                     "the extra evaluation after the last round is in summary.json and metrics.jsonl "
+                     "(fedhv table --final-eval).")
+    if unscheduled:
+        parts.append(f"Runs without a scheduled test evaluation report their final one ({rounds(unscheduled)}).")
+    if final:
+        parts.append(f"Values are each run's final test evaluation after the last round ({rounds(final)}; "
+                     "--final-eval), not the last scheduled one that paper B.5 reports.")
+    return " ".join(parts)
 
 
 #: Record and summary fields the tables and figures read, by kind (each may be ``null``).
@@ -246,6 +316,27 @@ def _parse(path: Path, loads: Callable[[str], Any]) -> tuple[Any, str | None]:
         return None, _reason(exc)
 
 
+def _load_checked(path: Path, loads: Callable[[str], Any], problem_of: Callable[[Any], str | None],
+                  left_out: str = " (run left out)") -> dict[str, Any] | None:
+    """The parsed object of ``path``, or None after one ``warning: skipped PATH: reason`` line.
+
+    ``loads`` parses the UTF-8 text; ``problem_of`` says why the parsed value cannot be used,
+    or None (it refuses anything but a dict); ``left_out`` ends the warning.
+    """
+    value, problem = _parse(path, loads)
+    if problem is None:
+        problem = problem_of(value)
+    if problem is not None:
+        log.warning(f"skipped {path}: {problem}{left_out}")
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _object_problem(value: Any) -> str | None:
+    """Why a parsed JSON file is not an object, or None."""
+    return None if isinstance(value, dict) else "not a JSON object"
+
+
 def _job_problem(job: Any) -> str | None:
     """Why a parsed ``grid-job.json`` cannot be used, or None."""
     if not isinstance(job, dict):
@@ -261,26 +352,17 @@ def _job_problem(job: Any) -> str | None:
 
 def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None:
     """The run in ``folder``, or None (with a warning naming the file) when a file is damaged."""
-    config, problem = _parse(config_path, tomllib.loads)
-    if problem is None:
-        problem = _config_problem(config)
-    if problem is not None:
-        log.warning(f"skipped {config_path}: {problem} (run left out)")
+    config = _load_checked(config_path, tomllib.loads, _config_problem)
+    if config is None:
         return None
-    summary, problem = _parse(summary_path, json.loads)
-    if problem is None:
-        problem = _summary_problem(summary)
-    if problem is not None:
-        log.warning(f"skipped {summary_path}: {problem} (run left out)")
+    summary = _load_checked(summary_path, json.loads, _summary_problem)
+    if summary is None:
         return None
     variant, ablation = None, None
     job_path = folder / "grid-job.json"
     if job_path.exists():
-        job, problem = _parse(job_path, json.loads)
-        if problem is None:
-            problem = _job_problem(job)
-        if problem is not None:
-            log.warning(f"skipped {job_path}: {problem} (run left out)")
+        job = _load_checked(job_path, json.loads, _job_problem)
+        if job is None:
             return None
         ablation = job.get("ablation")
         if job.get("variant"):
@@ -288,12 +370,13 @@ def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None
     return Run(folder, config, summary, variant, ablation)
 
 
-def find_runs(root: Path | str) -> tuple[list[Run], list[Path]]:
+def find_runs(root: Path | str, final_eval: bool = False) -> tuple[list[Run], list[Path]]:
     """Finished runs under ``root`` (recursively) and unfinished run directories.
 
     A run directory is a folder with a ``config.toml``; it is finished when it has a
     ``summary.json``. Runs with a damaged file are left out with a warning (see the
-    module docstring); the others are returned.
+    module docstring); the others are returned. ``final_eval`` sets :attr:`Run.final_eval`
+    (the final-result tables then report the evaluation after the last round).
     """
     root = Path(root)
     if not root.exists():
@@ -310,6 +393,7 @@ def find_runs(root: Path | str) -> tuple[list[Run], list[Path]]:
             continue
         run = _load_run(folder, config_path, summary_path)
         if run is not None:
+            run.final_eval = final_eval
             runs.append(run)
     return runs, unfinished
 

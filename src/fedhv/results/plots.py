@@ -1,14 +1,19 @@
 """Figures from run directories (matplotlib, no torch).
 
 - ``curves-<setting>``: MeanAcc, WorstAcc, MeanLoss and HV against the round, the mean
-  over seeds with a ±1σ band, one colour per method (paper Figs. 2-7 style);
+  over seeds with a ±1σ band, one colour per method (paper C.3);
 - ``tasks-<setting>``: per-task test accuracy and loss (paper C.4);
 - ``weights-<setting>``: FedHV's task weights w_i^t per round (paper C.6);
 - ``wallclock-<setting>``: cumulative wall-clock time per method, FedHV's calibration
-  drawn as its starting offset (paper Fig. 20);
+  drawn as its starting offset; for CIFAR10–MNIST-B it is the paper's Figure 20 and is
+  named ``fig20-wallclock-cifar10-mnist-b`` (:data:`PAPER_FIGURES`);
 - ``ablation-<setting>-<parameter>``: FedHV MeanAcc curves of an ablation sweep.
 
-A band is drawn where at least two seeds exist; a curve keeps the rounds all its seeds have.
+A band is drawn where at least two seeds exist; a curve keeps the rounds all its seeds have,
+with markers where it has at most :data:`SPARSE` points. Round axes have integer ticks.
+Each method has one colour in every figure (:func:`method_color`). ``size`` is the
+figure width: ``"column"`` (3.3 in, one paper column) or ``"page"`` (6.9 in), with
+fonts scaled to match (:data:`SIZES`).
 
 matplotlib is an optional dependency (``pip install 'fedhv[plot]'``); without it
 :func:`require_matplotlib` raises :class:`PlotDependencyError` (the CLI prints it as one
@@ -17,6 +22,7 @@ matplotlib is an optional dependency (``pip install 'fedhv[plot]'``); without it
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +33,23 @@ from fedhv.errors import FedHVError
 from fedhv.results.collect import Run, group, method_label, ordered_methods, ordered_settings, setting_label
 
 COLORS = {"uniform": "#7f7f7f", "fsmgda": "#1f77b4", "fedcmoo": "#2ca02c", "fedhv": "#d62728"}
+#: Colours for other (registered) methods, picked by a stable hash of the name.
+EXTRA_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939")
+#: Figure width (inches) and base font size (pt) per ``size``.
+SIZES: dict[str, tuple[float, float]] = {"column": (3.3, 7.0), "page": (6.9, 9.0)}
+#: A curve with at most this many points is drawn with markers.
+SPARSE = 30
+#: Figures that reproduce a numbered figure of the paper: (kind, setting) -> prefix of the file name.
+PAPER_FIGURES: dict[tuple[str, str], str] = {("wallclock", "cifar10-mnist-b"): "fig20"}
 METRICS = (("mean_acc", "MeanAcc (%)"), ("worst_acc", "WorstAcc (%)"), ("mean_loss", "MeanLoss"), ("hv", "HV"))
 
 
 class PlotDependencyError(FedHVError, ImportError):
     """matplotlib, needed for figures, cannot be imported."""
+
+
+class PlotSizeError(FedHVError, ValueError):
+    """An unknown figure size."""
 
 
 def require_matplotlib() -> Any:
@@ -63,13 +81,44 @@ def supported_formats() -> list[str]:
     return sorted(FigureCanvasBase.get_supported_filetypes())
 
 
-def _plt() -> Any:
+def method_color(method: str) -> str:
+    """The colour of ``method`` in every figure: fixed for the paper's four, else by a stable hash."""
+    if method in COLORS:
+        return COLORS[method]
+    return EXTRA_COLORS[zlib.crc32(method.encode("utf-8")) % len(EXTRA_COLORS)]
+
+
+def _plt(size: str = "page") -> Any:
     require_matplotlib()
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.frameon": False,
-                         "figure.dpi": 110, "savefig.bbox": "tight"})
+    if size not in SIZES:
+        raise PlotSizeError(f"size = {size!r} is not a figure size; choose one of {', '.join(SIZES)}")
+    font = SIZES[size][1]
+    plt.rcParams.update({"font.size": font, "axes.titlesize": font, "figure.titlesize": font + 1,
+                         "legend.fontsize": font - 1, "axes.grid": True, "grid.alpha": 0.3, "legend.frameon": False,
+                         "lines.markersize": 3.0, "figure.dpi": 110, "savefig.dpi": 300, "savefig.bbox": None})
     return plt
+
+
+def _figure(size: str, height_ratio: float, rows: int = 1, cols: int = 1, **kw: Any) -> tuple[Any, Any]:
+    """A figure ``size`` wide (:data:`SIZES`) and ``height_ratio`` times as high, constrained layout."""
+    width = SIZES[size][0] if size in SIZES else SIZES["page"][0]
+    return _plt(size).subplots(rows, cols, figsize=(width, width * height_ratio), layout="constrained", **kw)
+
+
+def _round_axis(ax: Any) -> None:
+    """Label the x axis "round" and give it integer ticks only."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _stem(kind: str, setting: str) -> str:
+    """``<kind>-<setting>``, prefixed with the paper's figure number where it has that figure."""
+    prefix = PAPER_FIGURES.get((kind, setting))
+    return f"{prefix}-{kind}-{setting}" if prefix else f"{kind}-{setting}"
 
 
 def _series(runs: Sequence[Run], entries: Callable[[Run], list[dict[str, Any]]],
@@ -95,7 +144,7 @@ def _series(runs: Sequence[Run], entries: Callable[[Run], list[dict[str, Any]]],
 def _line(ax: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray | None, label: str, color: str | None) -> None:
     if len(x) == 0:
         return
-    (line,) = ax.plot(x, mean, label=label, color=color, lw=1.4)
+    (line,) = ax.plot(x, mean, label=label, color=color, lw=1.2, marker="o" if len(x) <= SPARSE else None)
     if std is not None:
         ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, lw=0)
 
@@ -146,62 +195,61 @@ def _method_lines(ax: Any, groups: dict[tuple[str, Any, str], list[Run]], settin
     """One test-metric curve (mean ± 1σ over seeds) per method."""
     for m in methods:
         x, mean, std = _series(groups[(setting, None, m)], lambda r: r.metrics, value)
-        _line(ax, x, mean, std, method_label(m), COLORS.get(m))
+        _line(ax, x, mean, std, method_label(m), method_color(m))
 
 
-def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any:
+def learning_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, size: str = "page") -> Any:
     """``curves-<setting>``: the four test metrics, one line (± 1σ band) per method."""
-    plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    fig, axes = _figure(size, 0.75, 2, 2, sharex=True)
     methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
     for ax, (key, label) in zip(axes.flat, METRICS):
         _method_lines(ax, groups, setting, methods, _field(key))
         ax.set_ylabel(label)
-    for ax in axes[1]:
-        ax.set_xlabel("round")
+        _round_axis(ax)
+    for ax in axes[0]:
+        ax.set_xlabel("")
     return _finish(fig, axes[0, 0], f"{setting_label(setting)}: test metrics ({_seeds_note(groups, setting)})")
 
 
-def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any:
+def task_curves(groups: dict[tuple[str, Any, str], list[Run]], setting: str, size: str = "page") -> Any:
     """``tasks-<setting>``: per-task accuracy (top row) and loss (bottom row) per method."""
-    plt = _plt()
     methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
     tasks = groups[(setting, None, methods[0])][0].summary.get("tasks") or []
     m = len(tasks)
-    fig, axes = plt.subplots(2, m, figsize=(3.6 * m + 1, 6.5), sharex=True, squeeze=False)
+    fig, axes = _figure(size, 0.75 if m <= 2 else 0.5, 2, max(m, 1), sharex=True, squeeze=False)
     for i, task in enumerate(tasks):
         for row, (key, label) in enumerate((("task_acc", "accuracy (%)"), ("task_loss", "loss"))):
             ax = axes[row, i]
             _method_lines(ax, groups, setting, methods, _item(key, i))
             ax.set_title(f"{task}: {label}")
+            _round_axis(ax)
             ax.set_xlabel("round" if row == 1 else "")
     title = f"{setting_label(setting)}: per-task test accuracy and loss ({_seeds_note(groups, setting)})"
     return _finish(fig, axes[0, 0], title)
 
 
-def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any | None:
+def weight_trajectories(groups: dict[tuple[str, Any, str], list[Run]], setting: str,
+                        size: str = "page") -> Any | None:
     """``weights-<setting>``: FedHV's weights per task (None without FedHV runs)."""
     runs = groups.get((setting, None, "fedhv"))
     if not runs:
         return None
-    plt = _plt()
     tasks = runs[0].summary.get("tasks") or []
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _figure(size, 0.6)
     for i, task in enumerate(tasks):
         x, mean, std = _series(runs, lambda r: r.rounds, _item("weights", i))
         _line(ax, x, mean, std, f"w[{task}]", None)
     ax.axhline(1 / max(1, len(tasks)), color="k", lw=0.8, ls=":", label="uniform 1/m")
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylabel("task weight $w_i^t$")
     ax.legend()
     ax.set_title(f"{setting_label(setting)}: FedHV weights (mean ± 1σ over {len(runs)} seed(s))")
     return fig
 
 
-def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> Any:
+def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str, size: str = "page") -> Any:
     """``wallclock-<setting>``: cumulative wall-clock per method, calibration as FedHV's offset."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = _figure(size, 0.6)
     for m in ordered_methods({m for s, v, m in groups if s == setting and v is None}):
         runs = groups[(setting, None, m)]
         offsets = [float((r.summary.get("calibration") or {}).get("seconds") or 0.0) for r in runs]
@@ -211,54 +259,57 @@ def wall_clock(groups: dict[tuple[str, Any, str], list[Run]], setting: str) -> A
         if len(x):
             x, mean = np.concatenate([[0.0], x]), np.concatenate([[offset], mean + offset])
             std = None if std is None else np.concatenate([[0.0], std])
-        _line(ax, x, mean, std, label, COLORS.get(m))
-    ax.set_xlabel("round")
+        _line(ax, x, mean, std, label, method_color(m))
+    _round_axis(ax)
     ax.set_ylabel("cumulative wall-clock (s)")
     ax.legend(loc="upper left")
     ax.set_title(f"{setting_label(setting)}: end-to-end wall-clock")
     return fig
 
 
-def ablation_curves(runs: Sequence[Run]) -> Iterator[tuple[str, Any]]:
+def ablation_curves(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str, Any]]:
     """``ablation-<setting>-<parameter>``: one MeanAcc line per variant of each sweep."""
     groups = group(runs, with_variants=True)
     for setting, param in sorted({(s, v[0]) for s, v, m in groups if v is not None}):
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(7, 4.2))
+        fig, ax = _figure(size, 0.6)
         variants = sorted((v for s, v, m in groups if s == setting and v is not None and v[0] == param),
                           key=lambda v: (isinstance(v[1], str), str(v[1]).zfill(6)))
         for variant in variants:
             rs = [r for (s, v, _), g in groups.items() if s == setting and v == variant for r in g]
             x, mean, std = _series(rs, lambda r: r.metrics, _field("mean_acc"))
             _line(ax, x, mean, std, f"{param.split('.')[-1]} = {variant[1]}", None)
-        ax.set_xlabel("round")
+        _round_axis(ax)
         ax.set_ylabel("MeanAcc (%)")
         ax.legend(loc="lower right")
         ax.set_title(f"{setting_label(setting)}: FedHV ablation over {param}")
         yield f"ablation-{setting}-{param.split('.')[-1]}", fig
 
 
-def build_figures(runs: Sequence[Run]) -> Iterator[tuple[str, Any]]:
+def build_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str, Any]]:
     """Every figure the runs support, as ``(stem, matplotlib Figure)``, drawn but not saved.
 
     The seam for inspecting the plotted data (``ax.get_lines()``, band polygons from
     ``ax.collections``); the caller closes each figure (``matplotlib.pyplot.close``).
-    Figures are built one at a time, as the iterator advances.
+    Figures are built one at a time, as the iterator advances; ``size`` is ``"column"``
+    or ``"page"`` (:data:`SIZES`).
     """
+    if size not in SIZES:
+        raise PlotSizeError(f"size = {size!r} is not a figure size; choose one of {', '.join(SIZES)}")
     groups = group(runs)
     for setting in ordered_settings({s for s, _, _ in groups}):
-        yield f"curves-{setting}", learning_curves(groups, setting)
-        yield f"tasks-{setting}", task_curves(groups, setting)
-        weights = weight_trajectories(groups, setting)
+        yield _stem("curves", setting), learning_curves(groups, setting, size)
+        yield _stem("tasks", setting), task_curves(groups, setting, size)
+        weights = weight_trajectories(groups, setting, size)
         if weights is not None:
-            yield f"weights-{setting}", weights
-        yield f"wallclock-{setting}", wall_clock(groups, setting)
-    yield from ablation_curves(runs)
+            yield _stem("weights", setting), weights
+        yield _stem("wallclock", setting), wall_clock(groups, setting, size)
+    yield from ablation_curves(runs, size)
 
 
-def make_figures(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+def make_figures(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png", "pdf"),
+                 size: str = "page") -> list[Path]:
     """Every figure the runs support, saved as ``out/<stem>.<format>``; returns the files written."""
     files: list[Path] = []
-    for stem, fig in build_figures(runs):
+    for stem, fig in build_figures(runs, size):
         files += _save(fig, out, stem, formats)
     return files

@@ -1,7 +1,10 @@
 """The paper's result tables from run directories (Tables 1, 7, 8, 9, 10, 11, 13).
 
-Every number is computed from the files of finished runs: final metrics from
-``summary.json``, the last ten scheduled evaluations from ``metrics.jsonl``. Values are
+Every number is computed from the files of finished runs: final metrics (Tables 1, 8, 9,
+10) from the last scheduled test evaluation in ``metrics.jsonl`` as in paper B.5
+(:attr:`~fedhv.results.collect.Run.reported`; with ``--final-eval``, the evaluation after
+the last round that ``summary.json`` holds), the last ten scheduled evaluations from
+``metrics.jsonl``. Values are
 mean ± sample standard deviation over the seeds found; best / second-best marks are
 ranked on the unrounded means. With ``paper=True`` each row is followed by the paper's
 published value (``paper_tables.json``) and our difference to it.
@@ -16,16 +19,21 @@ from typing import Any
 from fedhv.results.collect import (
     Run,
     Stat,
+    evaluation_note,
     group,
     method_label,
     ordered_methods,
     ordered_settings,
     setting_label,
 )
-from fedhv.results.paper_data import paper_stat, paper_value
-from fedhv.results.table_model import Cell, Table, rank
+from fedhv.results.paper_data import paper_stat, paper_value, setting_differences
+from fedhv.results.table_model import Cell, Record, Table, rank
 
 TABLES: tuple[str, ...] = ("1", "8", "9", "11", "7", "10", "13")
+#: The methods the paper ranks in Tables 9 and 11 (it has no Uniform column there).
+PAPER_RANKED: tuple[str, ...] = ("fsmgda", "fedcmoo", "fedhv")
+#: Label of the difference row that replaces Δ when the runs' setting is not the paper's.
+NO_DELTA = "Δ n/a: setting differs"
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,9 @@ class Metric:
 
 
 def _summary(key: str) -> Callable[[Run], float | None]:
-    return lambda run: run.summary.get(key)
+    """``key`` of the evaluation a final-result table reports (:attr:`Run.reported`: paper B.5's
+    last scheduled one, or with ``--final-eval`` the one after the last round)."""
+    return lambda run: run.reported.get(key)
 
 
 def _last10(run: Run) -> float | None:
@@ -65,11 +75,56 @@ def _diff_cell(ours: Cell, theirs: Cell) -> Cell:
     return Cell(text=f"{ours.stat.mean - theirs.stat.mean:+.{ours.digits}f}")
 
 
-def _with_paper(table: Table, labels: list[str], ours: list[Cell], theirs: list[Cell] | None) -> None:
+def _with_paper(table: Table, labels: list[str], ours: list[Cell], theirs: list[Cell] | None,
+                differs: Sequence[str] = ()) -> None:
+    """Our row, then (with ``theirs``) the paper's row and our difference to it.
+
+    When ``differs`` lists how the runs' setting differs from the paper's, the difference
+    row says so (:data:`NO_DELTA`) instead of showing numbers that compare unlike runs.
+    """
     table.add(labels, ours)
     if theirs is not None and any(c.stat is not None or c.text for c in theirs):
-        table.add([*[""] * (len(labels) - 1), "paper"], theirs)
-        table.add([*[""] * (len(labels) - 1), "Δ (ours − paper)"], [_diff_cell(o, t) for o, t in zip(ours, theirs)])
+        pad = [""] * (len(labels) - 1)
+        table.add([*pad, "paper"], theirs)
+        if differs:
+            table.add([*pad, NO_DELTA], [Cell(text="n/a") for _ in ours])
+        else:
+            table.add([*pad, "Δ (ours − paper)"], [_diff_cell(o, t) for o, t in zip(ours, theirs)])
+
+
+def _paper_check(table: Table, runs: Sequence[Run], setting: str, paper: bool, ignore: Sequence[str] = (),
+                 overrides: dict[str, Any] | None = None) -> list[str]:
+    """With ``paper``: how ``runs`` differ from the paper's ``setting``, noted in ``table`` and warned."""
+    if not paper:
+        return []
+    differs = setting_differences(runs, setting, ignore, overrides)
+    if differs:
+        what = "; ".join(differs)
+        table.note(f"{setting_label(setting)}: no Δ to the paper: these runs differ from the paper's setting "
+                   f"({what}); the paper row is for reference only.")
+        warning = (f"--paper: {setting}: the runs differ from the paper's setting ({what}); Δ rows are not shown, "
+                   "run the preset unchanged to compare")
+        if warning not in table.warnings:
+            table.warnings.append(warning)
+    return differs
+
+
+def _record(table: Table, setting: str, method: str, metric: str, ours: Cell, theirs: Cell | None = None) -> None:
+    table.records.append(Record(setting, method, metric, ours.stat, None if theirs is None else theirs.stat))
+
+
+def _rank_note(present: Sequence[str], ranked: Sequence[str] = PAPER_RANKED) -> str:
+    """What the best / second-best marks of a table rank among, given the methods present."""
+    among = [m for m in present if m in ranked]
+    paper = ", ".join(method_label(m) for m in ranked[:-1]) + f" and {method_label(ranked[-1])}"
+    if len(among) >= 2:
+        names = ", ".join(method_label(m) for m in among)
+        rest = [method_label(m) for m in present if m not in ranked]
+        unranked = f"; {', '.join(rest)} not ranked" if rest else ""
+        return (f"Bold: best, underlined: second best among {names} (the paper ranks {paper}){unranked}, "
+                "on unrounded means.")
+    have = f"only {method_label(among[0])} of them" if among else "none of them"
+    return f"No best / second-best marks: the paper ranks {paper}, and these runs have {have}."
 
 
 def _by_setting_and_method(key: str, title: str, runs: Sequence[Run], metrics: Sequence[Metric],
@@ -90,11 +145,14 @@ def _by_setting_and_method(key: str, title: str, runs: Sequence[Run], metrics: S
             candidates = [cells[i * len(metrics) + j] for i, m in enumerate(methods)
                           if methods_ranked is None or m in methods_ranked]
             rank(candidates, x.higher_is_better)
-        theirs = None
-        if paper:
-            theirs = [Cell(paper_stat(f"table{key}", setting, m, x.key), digits=x.digits)
-                      for m in methods for x in metrics]
-        _with_paper(table, [setting_label(setting)], cells, theirs)
+        theirs = [Cell(paper_stat(f"table{key}", setting, m, x.key), digits=x.digits)
+                  for m in methods for x in metrics]
+        for i, (m, x) in enumerate((m, x) for m in methods for x in metrics):
+            if groups.get((setting, None, m)):
+                _record(table, setting, m, x.key, cells[i], theirs[i])
+        differs = _paper_check(table, [r for (s, _, _), g in groups.items() if s == setting for r in g], setting,
+                               paper)
+        _with_paper(table, [setting_label(setting)], cells, theirs if paper else None, differs)
     return table
 
 
@@ -102,6 +160,7 @@ def table1(runs: Sequence[Run], paper: bool = False) -> Table:
     t = _by_setting_and_method("1", "Table 1: final MeanAcc and WorstAcc (%), mean ± sample std over seeds",
                                runs, [MEAN_ACC, WORST_ACC], paper)
     t.notes.append("Bold: best, underlined: second best among the methods shown, ranked on unrounded means.")
+    t.note(evaluation_note([r for r in runs if r.variant is None]))
     return t
 
 
@@ -109,20 +168,27 @@ def table8(runs: Sequence[Run], paper: bool = False) -> Table:
     t = _by_setting_and_method("8", "Table 8: final MeanLoss and HV (r_eval = 3·1), mean ± sample std over seeds",
                                runs, [MEAN_LOSS, HV], paper)
     t.notes.append("HV uses the common evaluation reference 3·1_m, not FedHV's training reference.")
+    t.note(evaluation_note([r for r in runs if r.variant is None]))
     return t
 
 
 def table11(runs: Sequence[Run], paper: bool = False) -> Table:
-    t = _by_setting_and_method("11", "Table 11: MeanAcc averaged over the final ten scheduled test evaluations",
-                               runs, [LAST10], paper, methods_ranked=("fsmgda", "fedcmoo", "fedhv"))
-    t.notes.append("Scheduled evaluations are rounds that are multiples of eval.test_period; ranks among FSMGDA, "
-                   "FedCMOO and FedHV as in the paper.")
+    """MeanAcc over the last ten scheduled evaluations; title and notes say how many the runs have."""
+    counts = sorted({len(r.last_scheduled(10)) for r in runs if r.variant is None}) or [0]
+    n = "ten" if counts[0] >= 10 else f"{counts[0]}–{counts[-1]}" if counts[0] != counts[-1] else str(counts[0])
+    t = _by_setting_and_method("11", f"Table 11: MeanAcc averaged over the final {n} scheduled test evaluations",
+                               runs, [LAST10], paper, methods_ranked=PAPER_RANKED)
+    if n != "ten":
+        t.note(f"These runs have only {n} scheduled test evaluations, so each value averages {n} evaluations, "
+               "not the paper's final ten.")
+    t.note("Scheduled evaluations are rounds that are multiples of eval.test_period.")
+    t.note(_rank_note(ordered_methods({r.method for r in runs if r.variant is None})))
     return t
 
 
 def _task_value(key: str, i: int) -> Callable[[Run], float | None]:
     def get(run: Run) -> float | None:
-        values = run.summary.get(key) or []
+        values = run.reported.get(key) or []
         return values[i] if i < len(values) else None
 
     return get
@@ -137,23 +203,26 @@ def table9(runs: Sequence[Run], paper: bool = False) -> list[Table]:
         tasks = next(iter(groups[(setting, None, methods[0])])).summary.get("tasks") or []
         header = [f"{t} acc ↑" for t in tasks] + [f"{t} loss ↓" for t in tasks]
         table = Table("9", f"Table 9: per-task test accuracy (%) and loss, {setting_label(setting)}",
-                      ["Method"], header)
+                      ["Method"], header, slug=setting)
+        differs = _paper_check(table, [r for m in methods for r in groups[(setting, None, m)]], setting, paper)
         columns: list[list[Cell]] = [[] for _ in header]
         for m in methods:
             rs = groups[(setting, None, m)]
             cells = [Cell(_stat(rs, _task_value("task_acc", i))) for i in range(len(tasks))]
             cells += [Cell(_stat(rs, _task_value("task_loss", i)), digits=3) for i in range(len(tasks))]
-            if m in ("fsmgda", "fedcmoo", "fedhv"):
+            if m in PAPER_RANKED:
                 for j, c in enumerate(cells):
                     columns[j].append(c)
-            theirs = None
-            if paper:
-                theirs = [Cell(paper_stat("table9", setting, m, "task_acc", i)) for i in range(len(tasks))]
-                theirs += [Cell(paper_stat("table9", setting, m, "task_loss", i), digits=3) for i in range(len(tasks))]
-            _with_paper(table, [method_label(m)], cells, theirs)
+            theirs = [Cell(paper_stat("table9", setting, m, "task_acc", i)) for i in range(len(tasks))]
+            theirs += [Cell(paper_stat("table9", setting, m, "task_loss", i), digits=3) for i in range(len(tasks))]
+            names = [f"task_acc[{t}]" for t in tasks] + [f"task_loss[{t}]" for t in tasks]
+            for name, ours, their in zip(names, cells, theirs):
+                _record(table, setting, m, name, ours, their)
+            _with_paper(table, [method_label(m)], cells, theirs if paper else None, differs)
         for j, col in enumerate(columns):
             rank(col, j < len(tasks))
-        table.notes.append("Ranks among FSMGDA, FedCMOO and FedHV, as in the paper.")
+        table.note(_rank_note(methods))
+        table.note(evaluation_note([r for m in methods for r in groups[(setting, None, m)]]))
         out.append(table)
     return out
 
@@ -172,18 +241,38 @@ def table7(runs: Sequence[Run], paper: bool = False) -> Table:
         cells = [Cell(text="(" + ", ".join(f"{v:.4f}" if v is not None else "–" for v in ref) + ")"),
                  Cell(text=f"{min(slacks):.4f}" if slacks else "–"),
                  Cell(text=f"{active}/{checks}"), Cell(text=str(len(rs)))]
-        theirs = None
-        if paper:
-            ref_p = paper_value("table6", setting)
-            slack_p = paper_value("table7", setting, "min_report_slack")
-            theirs = [Cell(text="(" + ", ".join(f"{v:.4f}" for v in ref_p) + ")" if ref_p else "–"),
-                      Cell(text=f"{slack_p:.4f}" if slack_p is not None else "–"),
-                      Cell(text=str(paper_value("table7", setting, "floor_activations") or "–")), Cell(text="3")]
+        ref_p = paper_value("table6", setting)
+        slack_p = paper_value("table7", setting, "min_report_slack")
+        floor_p = str(paper_value("table7", setting, "floor_activations") or "")
+        _table7_records(table, setting, rs, ref_p, slack_p, floor_p)
         table.add([setting_label(setting)], cells)
-        if theirs is not None:
-            table.add(["paper (Tables 6, 7)"], theirs)
+        if paper:
+            _paper_check(table, rs, setting, paper)
+            table.add(["paper (Tables 6, 7)"],
+                      [Cell(text="(" + ", ".join(f"{v:.4f}" for v in ref_p) + ")" if ref_p else "–"),
+                       Cell(text=f"{slack_p:.4f}" if slack_p is not None else "–"), Cell(text=floor_p or "–"),
+                       Cell(text="3")])
     table.notes.append("Minimum report slack: min over rounds, tasks and seeds of r_i − F_i^t (server-averaged report).")
     return table
+
+
+def _table7_records(table: Table, setting: str, rs: Sequence[Run], ref_p: Any, slack_p: Any, floor_p: str) -> None:
+    """Table 7 in long form: reference per task, minimum slack, floor activations and checks."""
+    tasks = rs[0].summary.get("tasks") or []
+    refs = [r.summary.get("reference") or [] for r in rs]
+    for i, task in enumerate(tasks):
+        theirs = Stat(float(ref_p[i]), None, 3) if isinstance(ref_p, list) and i < len(ref_p) else None
+        table.records.append(Record(setting, "fedhv", f"reference[{task}]",
+                                    Stat.of(ref[i] if i < len(ref) else None for ref in refs), theirs))
+    slacks = [float(r.summary["min_report_slack"]) for r in rs if r.summary.get("min_report_slack") is not None]
+    table.records.append(Record(setting, "fedhv", "min_report_slack",
+                                Stat(min(slacks), None, len(slacks)) if slacks else None,
+                                None if slack_p is None else Stat(float(slack_p), None, 3)))
+    count, _, total = floor_p.partition("/")
+    for name, key, their in (("floor_activations", "floor_activations", count), ("floor_checks", "floor_checks", total)):
+        ours = Stat(float(sum(int(r.summary.get(key) or 0) for r in rs)), None, len(rs))
+        table.records.append(Record(setting, "fedhv", name, ours,
+                                    Stat(float(their), None, 3) if their.strip().isdigit() else None))
 
 
 ABLATION_LABELS = {"report_batches": "B_rep", "clients_per_round": "M", "local_steps": "K"}
@@ -207,15 +296,20 @@ def table10(runs: Sequence[Run], paper: bool = False) -> Table:
             col_acc.append(cells[0])
             col_loss.append(cells[1])
             theirs = None
-            if paper and setting == "cifar10-mnist-b":  # the paper's ablations are on this setting only
+            if setting == "cifar10-mnist-b":  # the paper's ablations are on this setting only
                 theirs = [Cell(paper_stat("table10", name, str(variant[1]), "mean_acc")),
                           Cell(paper_stat("table10", name, str(variant[1]), "mean_loss"), digits=4)]
+            where = f"{setting}/{name}={variant[1]}"
+            for metric, ours, their in zip(("mean_acc", "mean_loss"), cells, theirs or [None, None]):
+                _record(table, where, "fedhv", metric, ours, their)
+            differs = _paper_check(table, rs, setting, paper and theirs is not None, ignore=(param,))
             _with_paper(table, [setting_label(setting), ABLATION_LABELS.get(name, name), str(variant[1])], cells,
-                        theirs)
+                        theirs if paper else None, differs)
         rank(col_acc, True)
         rank(col_loss, False)
     table.notes.append("Ranks within each sweep. The paper's ablations (and so its values, with --paper) are for "
                        "CIFAR10–MNIST α = 0.30 (cifar10-mnist-b) only.")
+    table.note(evaluation_note([r for (_, v, m), rs in groups.items() if m == "fedhv" and v is not None for r in rs]))
     return table
 
 
@@ -232,7 +326,10 @@ def table13(runs: Sequence[Run], paper: bool = False) -> list[Table]:
         table = Table("13", f"Table 13: end-to-end cost, {setting_label(setting)}", ["Method"], [
             "total wall-clock (s)", "calibration (s)", "MB down / up per client per round",
             "MB down / up per round, all M clients", "GB down / up in total",
-        ])
+        ], slug=setting)
+        # Table 13 reports 300 adaptive rounds of cifar10-mnist-b (its caption), not Table 4's 500.
+        differs = _paper_check(table, [r for m in methods for r in groups[(setting, None, m)]], setting,
+                               paper and setting == "cifar10-mnist-b", overrides={"rounds": 300})
         time_cells = []
         for m in methods:
             rs = groups[(setting, None, m)]
@@ -253,18 +350,38 @@ def table13(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                 Cell(text=" / ".join(f"{g.mean:.2f}" for g in gb if g is not None)),
             ]
             theirs = None
-            if paper and setting == "cifar10-mnist-b" and paper_value("table13", m) is not None:
+            down = up = None
+            if setting == "cifar10-mnist-b" and paper_value("table13", m) is not None:
                 down = paper_value("table13", m, "downlink_mb_per_client")
                 up = paper_value("table13", m, "uplink_mb_per_client")
                 theirs = [Cell(paper_stat("table13", m, "total_wall_clock_s"), digits=2), Cell(text=""),
                           Cell(text=""), Cell(text=f"{down} / {up}"), Cell(text="")]
-            _with_paper(table, [method_label(m)], cells, theirs)
+            _table13_records(table, setting, m, rs, clients, total, cal, down, up,
+                             theirs[0] if theirs else None)
+            _with_paper(table, [method_label(m)], cells, theirs if paper else None, differs)
         rank(time_cells, False)
         table.notes.append("FedHV's wall-clock and totals include its calibration. The paper's Table 13 "
                            "'per client' MB equal one round summed over the M = 10 clients (10 × 6.906 MB); "
                            "compare them with the 'all M clients' column. Paper: CIFAR10–MNIST α = 0.30, 300 rounds.")
         out.append(table)
     return out
+
+
+def _table13_records(table: Table, setting: str, method: str, rs: Sequence[Run], clients: int, total: Cell,
+                     cal: Stat | None, down: Any, up: Any, their_total: Cell | None) -> None:
+    """Table 13 in long form (MB per client per round and per round over the M clients, GB totals)."""
+    _record(table, setting, method, "total_wall_clock_s", total, their_total)
+    table.records.append(Record(setting, method, "calibration_s", cal))
+    e2e = [r.summary.get("end_to_end") or {} for r in rs]
+    for way, paper_mb in (("down", down), ("up", up)):
+        per_client = Stat.of(_mb(r.summary.get(f"bytes_{way}_per_client_round")) for r in rs)
+        per_round = Stat.of(None if v is None else v * clients for v in (per_client.values if per_client else ()))
+        table.records += [
+            Record(setting, method, f"mb_{way}_per_client_round", per_client),
+            Record(setting, method, f"mb_{way}_per_round_all_clients", per_round,
+                   None if paper_mb is None else Stat(float(paper_mb), None, 3)),
+            Record(setting, method, f"gb_{way}_total", Stat.of((x.get(f"bytes_{way}") or 0) / 1e9 for x in e2e)),
+        ]
 
 
 def build_tables(runs: Sequence[Run], which: Sequence[str] = TABLES, paper: bool = False) -> list[Table]:

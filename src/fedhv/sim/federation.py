@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhv.algorithms.accounting import FederationAccounting
 from fedhv.algorithms.base import Replies, Request
 from fedhv.algorithms.validation import (
     NoValidReplies,
@@ -34,7 +35,7 @@ def nbytes(value: Any) -> int:
     return int(np.asarray(value).nbytes)
 
 
-class SimFederation:
+class SimFederation(FederationAccounting):
     """One round's sampled clients, served by an engine.
 
     Clients that drop out (``faults.client_dropout``) do not answer from the round's
@@ -50,21 +51,8 @@ class SimFederation:
     ``max_update_norm`` / ``max_norm_ratio`` are the optional norm bounds of
     :class:`~fedhv.algorithms.validation.ReplySpec` (``validation.*``; 0 = off).
 
-    Attributes
-    ----------
-    bytes_down, bytes_up : int
-        Per participating client, summed over the round's stages.
-    stages : int
-        Synchronization stages run so far.
-    client_seconds : float
-        Wall-clock time spent in client computation.
-    dropped : list of int
-        Clients that did not answer.
-    rejected : list of (int, str)
-        Clients whose reply was rejected, with the reason.
-    diverged : list of (int, str)
-        The rejections whose reply had non-finite values that fault injection did not
-        put there: the client's own training overflowed (a sign of divergence).
+    Bytes, stages, client time (the clients' computation) and the dropped, rejected and
+    diverged clients are kept by :class:`~fedhv.algorithms.accounting.FederationAccounting`.
     """
 
     def __init__(self, engine: Engine, clients: np.ndarray, round_idx: int, faults: FaultInjector | None = None,
@@ -72,35 +60,12 @@ class SimFederation:
         self.engine = engine
         self.max_update_norm = max_update_norm
         self.max_norm_ratio = max_norm_ratio
-        self.round_idx = round_idx
         self.faults = faults or no_faults()
         sampled = np.asarray(clients)
         mask = dropped_mask(self.faults, round_idx, sampled)
-        self.dropped: list[int] = sampled[mask].tolist()
-        self.rejected: list[tuple[int, str]] = []
-        self.diverged: list[tuple[int, str]] = []
-        self._clients = sampled[~mask]
-        self.bytes_down = 0
-        self.bytes_up = 0
-        self.stages = 0
-        self.client_seconds = 0.0
+        super().__init__(sampled[~mask], round_idx, dropped=sampled[mask].tolist())
         for c in self.dropped:
             log.info("round %d: client %d did not answer (dropped out)", round_idx + 1, c)
-
-    @property
-    def clients(self) -> np.ndarray:
-        return self._clients
-
-    def count_uplink(self, nbytes_per_client: int) -> None:
-        self.bytes_up += int(nbytes_per_client)
-
-    def count_downlink(self, nbytes_per_client: int) -> None:
-        self.bytes_down += int(nbytes_per_client)
-
-    def relay(self, down_bytes: int, up_bytes: int) -> None:
-        self.stages += 1
-        self.bytes_down += int(down_bytes)
-        self.bytes_up += int(up_bytes)
 
     def exchange(self, theta: torch.Tensor, request: Request) -> Replies:
         """Run one stage for the remaining clients, validate and count what crosses the network."""
@@ -167,10 +132,3 @@ class SimFederation:
             out.reports = out.reports.to(replies.reports.dtype)
         self._clients = out.clients
         return out
-
-    def _reject(self, client: int, problem: str, own: bool) -> None:
-        """Record and log a rejected reply (``own``: non-finite values from the client's own training)."""
-        self.rejected.append((client, problem))
-        if own:
-            self.diverged.append((client, problem))
-        log.warning("round %d: client %d rejected: %s", self.round_idx + 1, client, problem)

@@ -30,6 +30,7 @@ If a task's loss rises above ``r_i`` during training its slack hits the floor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,13 +49,33 @@ def reference_from_losses(losses: Sequence[float] | Sequence[Sequence[float]] | 
     >>> reference_from_losses([[2.3, 0.7], [2.0, 0.9]], margin=0.15)
     [2.4499999999999997, 1.05]
     """
-    arr = losses.detach().double().cpu().numpy() if isinstance(losses, torch.Tensor) else np.asarray(losses, float)
+    arr = _as_array(losses)
     if arr.ndim not in (1, 2) or arr.size == 0 or not np.all(np.isfinite(arr)):
         raise ConfigError(f"losses = {arr.tolist()} must be finite values of shape [m] or [T, m]; "
                           "pass the per-task losses of the initial model or of a short warm-up")
-    if not margin >= 0:
-        raise ConfigError(f"margin = {margin} must be >= 0; use e.g. margin = 0.15")
+    if not 0 <= margin < math.inf:
+        raise ConfigError(f"margin = {margin} must be finite and >= 0; use e.g. margin = 0.15")
     return (np.atleast_2d(arr).max(0) + margin).tolist()
+
+
+def _as_array(losses: object) -> np.ndarray:
+    """``float64`` array of a tensor, an array or (nested) sequences of numbers or scalar tensors.
+
+    Tensors are detached first, so the losses of a training step (``requires_grad``) can be
+    passed as they are.
+    """
+    def plain(v: object) -> object:
+        if isinstance(v, torch.Tensor):
+            return v.detach().double().cpu().numpy()
+        if isinstance(v, (list, tuple)):
+            return [plain(u) for u in v]
+        return v
+
+    try:
+        return np.asarray(plain(losses), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"losses = {losses!r} are not numbers of shape [m] or [T, m]; pass the per-task "
+                          "losses as a tensor, an array or a list of floats") from None
 
 
 class HVWeighting(nn.Module):
@@ -81,24 +102,43 @@ class HVWeighting(nn.Module):
         ref = torch.as_tensor(reference, dtype=torch.float64).detach().clone()
         if ref.ndim != 1 or len(ref) == 0 or not bool(torch.isfinite(ref).all()):
             raise ConfigError(f"reference = {ref.tolist()} must be a non-empty vector of finite values, one per task")
-        if not rho_clip > 0:
-            raise ConfigError(f"rho_clip = {rho_clip} must be > 0; use e.g. rho_clip = 1e-6")
+        if not 0 < rho_clip < math.inf:
+            raise ConfigError(f"rho_clip = {rho_clip} must be finite and > 0; use e.g. rho_clip = 1e-6")
         self.rho_clip = float(rho_clip)
         self.register_buffer("reference", ref)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's signature
+        """Move the module like any other, but keep ``reference`` in float64.
+
+        ``model.half()`` / ``model.to(torch.float32)`` on a model holding this module would
+        otherwise round ``r`` (2.45 becomes 2.4492 in float16) and shift every weight.
+        """
+        ref = self.reference
+        super()._apply(fn, recurse)
+        self.reference = ref.to(device=self.reference.device)
+        return self
 
     @property
     def num_tasks(self) -> int:
         return int(self.reference.numel())
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
-        """Weights ``[..., m]`` (on the simplex, no gradient) for losses ``[..., m]``."""
+        """Weights ``[..., m]`` (on the simplex, no gradient) for losses ``[..., m]``.
+
+        The map is evaluated in float64 (float32 on MPS, which has no float64) whatever the
+        losses' dtype, and the weights are returned in the losses' floating dtype: in float16
+        (mixed precision) ``1 / rho_clip = 1e6`` would overflow to ``inf`` and give NaN
+        weights, and integer losses would truncate ``r``.
+        """
         if losses.shape[-1:] != (self.num_tasks,):
             raise ConfigError(f"losses have shape {tuple(losses.shape)} but the reference has "
                               f"{self.num_tasks} tasks; pass one loss per task in the last dimension")
+        work = torch.float32 if losses.device.type == "mps" else torch.float64
+        out = losses.dtype if losses.is_floating_point() else torch.get_default_dtype()
         with torch.no_grad():
-            ref = self.reference.to(device=losses.device, dtype=losses.dtype)
-            inv = 1.0 / torch.clamp(ref - losses.detach(), min=self.rho_clip)
-            return inv / inv.sum(-1, keepdim=True)
+            ref = self.reference.to(device=losses.device, dtype=work)
+            inv = 1.0 / torch.clamp(ref - losses.detach().to(work), min=self.rho_clip)
+            return (inv / inv.sum(-1, keepdim=True)).to(out)
 
     def weighted_loss(self, losses: torch.Tensor) -> torch.Tensor:
         """``L = sum_i w_i l_i`` (gradient through ``l`` only)."""

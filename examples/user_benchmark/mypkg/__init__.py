@@ -1,0 +1,1 @@
+"""A user's own package with a fedhv benchmark (examples/user_benchmark)."""

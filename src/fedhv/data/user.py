@@ -1,0 +1,170 @@
+"""User benchmarks: a user's tensors, tasks and model, named in a configuration.
+
+A user benchmark is a function ``() -> UserBenchmark`` named by
+``data.benchmark = "mypkg.tasks:make_benchmark"`` (imported on use) or registered with
+:func:`fedhv.register_benchmark`. ``fedhv run`` / ``grid`` then partition its training
+tensors with the configured Dirichlet rule (``partition.*``: client ``c`` draws
+``p ~ Dir(alpha 1_K)`` over the ``K`` strata and takes ``floor(p_k S)`` samples of stratum
+``k``, topped up to ``S``), evaluate on its test tensors, and train the model it returns.
+
+Strata (``partition.strata``): the user's own ``strata`` when given; otherwise
+``"first-label"`` is the first classification task's label and ``"all-label"`` the joint
+label ``sum_i y_i prod_{j>i} C_j`` of all classification tasks (one stratum without
+classification tasks).
+
+fedhv does not cache user data (no derived-data cache file, so no key can collide); the
+run's ``environment.json`` records ``module:attr``, the module file's SHA-256 and the
+declared ``version``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedhv.config.schema import PartitionConfig
+from fedhv.data.federated import FederatedData
+from fedhv.errors import ConfigError
+from fedhv.models.base import MultiTaskModel
+from fedhv.registry import MODELS, is_reference, resolve_benchmark
+from fedhv.rng import numpy_rng
+
+if TYPE_CHECKING:  # fedhv.api imports the experiment layer, which imports this module
+    from fedhv.api.tasks import Task
+
+TensorLike = torch.Tensor | np.ndarray
+Targets = TensorLike | Sequence[TensorLike]
+
+
+@dataclass(frozen=True)
+class UserBenchmark:
+    """A user's multi-task benchmark.
+
+    Parameters
+    ----------
+    tasks : sequence of Task or str
+        One task per model output (a bare name = binary classification).
+    train, test : (x, targets)
+        ``x [n, ...]``; targets one tensor per task or one ``[n, sum_i width_i]``
+        (:meth:`fedhv.FederatedDataset.from_tensors`).
+    model : callable or str
+        ``model() -> nn.Module`` returning one output per task, or the name of a registered
+        model (``"lenet"``: ``factory(task sizes)``). Its ``Linear`` / ``Conv2d`` layers are
+        re-initialised from the run's seed (PyTorch's default rule), so seeds reproduce.
+    heads : str
+        Attribute of the module holding the per-task heads (FSMGDA, FedCMOO).
+    strata : array ``[n]``, optional
+        Dirichlet strata of the training samples (default: from the labels, see above).
+    version : str
+        Declared version of the data, recorded with the run.
+    """
+
+    tasks: Sequence[Task | str]
+    train: tuple[TensorLike, Targets]
+    test: tuple[TensorLike, Targets]
+    model: Callable[[], nn.Module] | str
+    heads: str = "heads"
+    strata: TensorLike | None = None
+    version: str = ""
+
+
+_LOADED: dict[tuple[str, int], UserBenchmark] = {}
+
+
+def user_benchmark(name: str) -> UserBenchmark | None:
+    """The user benchmark ``name`` names (built once per process), or ``None`` for a built-in one.
+
+    Raises
+    ------
+    ConfigError
+        When the factory does not return a :class:`UserBenchmark`.
+    """
+    from fedhv.data.benchmarks import BenchmarkSpec
+
+    factory = resolve_benchmark(name)
+    if isinstance(factory, BenchmarkSpec):
+        return None
+    key = (name, id(factory))
+    if key not in _LOADED:
+        ub = factory()
+        if not isinstance(ub, UserBenchmark):
+            raise ConfigError(f"data.benchmark = {name!r} returned a {type(ub).__name__}; return "
+                              "fedhv.UserBenchmark(tasks=..., train=(x, targets), test=(x, targets), model=...)")
+        _LOADED[key] = ub
+    return _LOADED[key]
+
+
+def _strata(ub: UserBenchmark, tasks: tuple[Task, ...], y: torch.Tensor, rule: str) -> np.ndarray:
+    if ub.strata is not None:
+        return np.asarray(ub.strata, dtype=np.int64)
+    code = np.zeros(len(y), dtype=np.int64)
+    col = 0
+    for t in tasks:
+        if t.kind == "classification":
+            code = code * t.size + y[:, col].long().numpy()
+            if rule == "first-label":
+                return code
+        col += t.width
+    return code
+
+
+def provenance(name: str, ub: UserBenchmark) -> dict[str, Any]:
+    """What the run's data came from: the reference, the module file and its digest, the version."""
+    out: dict[str, Any] = {"benchmark": name, "user": {"version": ub.version}}
+    if is_reference(name):
+        module = inspect.getmodule(resolve_benchmark(name))
+        path = getattr(module, "__file__", None)
+        if path:
+            with open(path, "rb") as f:
+                out["user"].update(file=str(path), sha256=hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtype, device: str,
+                        max_test_samples: int = 0) -> FederatedData:
+    """The user benchmark's tensors on ``device``, partitioned by ``partition``."""
+    from fedhv.api.dataset import FederatedDataset
+    from fedhv.api.tasks import as_tasks
+
+    ub = user_benchmark(name)
+    if ub is None:
+        raise ConfigError(f"data.benchmark = {name!r} is a built-in benchmark; load it with load_benchmark")
+    tasks = as_tasks(ub.tasks)
+    plain = FederatedDataset.from_tensors(ub.train[0], ub.train[1], tasks, partition=[[0]])  # the targets [n, cols]
+    strata = _strata(ub, tasks, plain.y, partition.strata)
+    fd = FederatedDataset.from_tensors(
+        ub.train[0], ub.train[1], tasks, partition="dirichlet", clients=partition.clients,
+        samples_per_client=partition.samples_per_client, alpha=partition.alpha, seed=partition.seed,
+        strata=strata, test=ub.test,
+    )
+    if fd.test is not None and max_test_samples and max_test_samples < len(fd.test[0]):
+        keep = torch.from_numpy(np.sort(numpy_rng(0, "test-subset").permutation(len(fd.test[0]))[:max_test_samples]))
+        fd.test = (fd.test[0][keep], fd.test[1][keep])
+    data = fd.federated(dtype, device)
+    prov = provenance(name, ub)
+    prov["samples"] = {"train": len(fd.x), "test": 0 if fd.test is None else len(fd.test[0])}
+    return dataclasses.replace(data, provenance=prov)
+
+
+def user_model(name: str, data: FederatedData) -> MultiTaskModel:
+    """The user benchmark's model as a :class:`MultiTaskModel` (float32 on the CPU, before init)."""
+    from fedhv.sim.module import ModuleAdapter
+
+    ub = user_benchmark(name)
+    assert ub is not None
+    module = MODELS.get(ub.model)(data.num_classes) if isinstance(ub.model, str) else ub.model()
+    if isinstance(module, MultiTaskModel):
+        return module
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"data.benchmark = {name!r}: model() returned a {type(module).__name__}; return an "
+                          "nn.Module with one output per task")
+    example = data.train_x[:2].to(device="cpu", dtype=torch.float32)
+    return ModuleAdapter(module.float().cpu(), data.task_names, example, ub.heads)

@@ -1,0 +1,182 @@
+"""Registries: benchmarks, models and methods by name, and user benchmarks by ``module:attr``.
+
+Three :class:`Registry` instances hold everything a configuration can name:
+
+- :data:`BENCHMARKS` -- ``data.benchmark``: a built-in
+  :class:`~fedhv.data.benchmarks.BenchmarkSpec` (source data sets, builder, task names,
+  classes, normalisation, augmentation, objective, model name), or a user's factory
+  ``() -> fedhv.UserBenchmark``;
+- :data:`MODELS` -- model name -> ``factory(num_classes) -> nn.Module``;
+- :data:`METHODS` -- ``method``: name -> setup factory
+  ``(cfg, data, progress, calibration, federation_factory) -> MethodSetup``.
+
+Built-ins register themselves through the same :meth:`Registry.register` when their
+module is imported; a registry imports that module on its first lookup, so this module
+(and :mod:`fedhv.config.schema`) never imports torch by itself.
+
+``data.benchmark = "mypkg.tasks:make_benchmark"`` (a ``module:attribute`` value) names a
+user benchmark without registering it: :func:`resolve_benchmark` imports the module on
+use and returns the attribute.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar, overload
+
+from fedhv.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Named entries of one kind.
+
+    Parameters
+    ----------
+    kind : str
+        What the entries are (``"benchmark"``), for messages.
+    key : str
+        The configuration key that names an entry (``"data.benchmark"``), for messages.
+    builtins : str
+        Module that registers the built-in entries; imported on the first lookup.
+    """
+
+    def __init__(self, kind: str, key: str, builtins: str) -> None:
+        self.kind, self.key, self._builtins = kind, key, builtins
+        self._items: dict[str, T] = {}
+        self._loaded = False
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True  # set first: the built-ins module registers through register()
+        try:
+            importlib.import_module(self._builtins)
+        except BaseException:
+            self._loaded = False
+            raise
+
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+
+    @overload
+    def register(self, name: str, obj: T, *, replace: bool = False) -> T: ...
+
+    def register(self, name: str, obj: T | None = None, *, replace: bool = False) -> Any:
+        """Register ``obj`` under ``name``; without ``obj``, a decorator that does so.
+
+        Raises
+        ------
+        ConfigError
+            For an empty name, a name with ``':'`` (reserved for ``module:attr``), or a
+            name already taken (unless ``replace=True``).
+        """
+        if not isinstance(name, str) or not name.strip() or ":" in name:
+            raise ConfigError(f"{self.kind} name {name!r} is not usable; give a non-empty name without ':' "
+                              "(':' marks a module:attribute value)")
+        self._load()
+
+        def add(entry: T) -> T:
+            if name in self._items and self._items[name] is not entry and not replace:
+                raise ConfigError(f"{self.kind} {name!r} is already registered; choose another name or pass "
+                                  "replace=True")
+            self._items[name] = entry
+            return entry
+
+        return add if obj is None else add(obj)
+
+    def get(self, name: str) -> T:
+        """The entry registered as ``name``.
+
+        Raises
+        ------
+        ConfigError
+            One line naming the key, the value, the known names and the fix.
+        """
+        self._load()
+        if name in self._items:
+            return self._items[name]
+        close = difflib.get_close_matches(str(name), list(self._items), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{self.key} = {name!r} is not supported{hint}; choose one of {', '.join(self._items)}, "
+            f"or register one with fedhv.register_{self.kind}(name, factory)"
+            + (", or name a factory as 'module:attribute'" if self.kind == "benchmark" else "")
+        )
+
+    def names(self) -> tuple[str, ...]:
+        """Registered names, in registration order (built-ins first)."""
+        self._load()
+        return tuple(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._items
+
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+BENCHMARKS: Registry[Any] = Registry("benchmark", "data.benchmark", "fedhv.data.benchmarks")
+MODELS: Registry[Callable[[tuple[int, ...]], Any]] = Registry("model", "model", "fedhv.models")
+METHODS: Registry[Callable[..., Any]] = Registry("method", "method", "fedhv.experiment.methods")
+
+
+def register_benchmark(name: str, factory: Any = None, *, replace: bool = False) -> Any:
+    """Register a benchmark: ``factory() -> fedhv.UserBenchmark`` (decorator without ``factory``)."""
+    return BENCHMARKS.register(name) if factory is None else BENCHMARKS.register(name, factory, replace=replace)
+
+
+def register_model(name: str, factory: Any = None, *, replace: bool = False) -> Any:
+    """Register a model: ``factory(num_classes) -> nn.Module`` (decorator without ``factory``)."""
+    return MODELS.register(name) if factory is None else MODELS.register(name, factory, replace=replace)
+
+
+def register_method(name: str, factory: Any = None, *, replace: bool = False) -> Any:
+    """Register a method's setup factory (see :mod:`fedhv.experiment.methods`; decorator without it)."""
+    return METHODS.register(name) if factory is None else METHODS.register(name, factory, replace=replace)
+
+
+def is_reference(value: str) -> bool:
+    """``value`` is a ``module:attribute`` reference rather than a registered name."""
+    return ":" in value
+
+
+def resolve_benchmark(value: str) -> Any:
+    """The registered entry ``value``, or the attribute a ``module:attr`` value names.
+
+    The module is imported on use (it must be importable: on ``PYTHONPATH`` or installed).
+
+    Raises
+    ------
+    ConfigError
+        Unknown name, unimportable module, missing attribute or an attribute that is not
+        callable; each names ``data.benchmark``, the value and the fix.
+    """
+    if not is_reference(value):
+        return BENCHMARKS.get(value)
+    module_name, _, attr = value.partition(":")
+    where = f"data.benchmark = {value!r}"
+    if not module_name or not attr:
+        raise ConfigError(f"{where} is not 'module:attribute'; write it like \"mypkg.tasks:make_benchmark\"")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's module's; one line
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{where}: module {module_name!r} cannot be imported ({type(exc).__name__}: {detail}); "
+                          "put its folder on PYTHONPATH or pip install its package") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where}: module {module_name!r} has no attribute {attr!r}; name the function "
+                              "that returns a fedhv.UserBenchmark, e.g. 'mypkg.tasks:make_benchmark'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{where}: {attr!r} is a {type(obj).__name__}, not callable; name a function "
+                          "() -> fedhv.UserBenchmark")
+    return obj

@@ -1,0 +1,118 @@
+"""A SuperNode serving data of its own (``--node-config data-path=FILE``, :mod:`fedhv.data.node_file`).
+
+- a node serving the exported file of client K computes exactly (float64, 0.0) what the
+  node of built-in partition K computes: reports, FedCMOO gradients and local training;
+- the node never reads the benchmark when it has its own data;
+- bad files are one-line errors naming the file and the fix;
+- ``fedhv flower export`` writes one file per client, as ``flower local --nodes N`` partitions.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedhv.config import dumps, load_config, to_dict
+from fedhv.data.node_file import NodeDataError, export_partition, load_node_file, node_data_file
+from fedhv.experiment.setup import load_data
+from fedhv.flower.node import NodeWorker, StageOrder
+
+from conftest import SMALL
+
+CFG = [*SMALL, "partition.clients=4", 'dtype="float64"', 'engine="sequential"']
+
+
+def _text() -> str:
+    return dumps(to_dict(load_config("multimnist", CFG)))
+
+
+def test_own_file_node_equals_builtin_partition_node(tmp_path: Path) -> None:
+    text = _text()
+    cfg = load_config("multimnist", CFG)
+    path = export_partition(cfg, 2, tmp_path / "client-2.npz")
+    builtin, own = NodeWorker(text, 2, 4), NodeWorker(text, 2, 4, str(path))
+    assert own.provenance["samples"] == cfg.partition.samples_per_client
+    theta = torch.cat([p.detach().reshape(-1) for p in builtin.model.parameters()]) * 1.01
+    w = np.array([[0.3, 0.7]])
+    order = StageOrder(round=3, seed=cfg.seed, stream="train", report="all", gradients=np.eye(2), train=w)
+    a, b = builtin.serve(theta, order, None), own.serve(theta, order, None)
+    for x, y in ((a.report, b.report), (a.gradients, b.gradients), (a.deltas, b.deltas)):
+        assert x is not None and y is not None
+        np.testing.assert_array_equal(x, y)
+    assert np.abs(a.deltas).max() > 0  # training really moved the model
+
+
+def test_own_file_node_never_reads_the_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config("multimnist", CFG)
+    path = export_partition(cfg, 0, tmp_path / "c0.npz")
+    # a data root without MNIST and an empty cache: the built-in node cannot load, the own-data node
+    # does not need to
+    monkeypatch.setenv("FEDHV_CACHE", str(tmp_path / "cache"))
+    text = dumps(to_dict(load_config("multimnist", [*CFG, f'data.root="{tmp_path / "empty"}"', "data.download=false"])))
+    node = NodeWorker(text, 0, 4, str(path))
+    assert node.data.train_x.shape[0] == cfg.partition.samples_per_client
+    with pytest.raises(Exception, match="(?i)mnist"):
+        NodeWorker(text, 0, 4)
+
+
+def test_exported_file_holds_the_partition_rows_in_order(tmp_path: Path) -> None:
+    cfg = load_config("multimnist", CFG)
+    bench, parts = load_data(cfg)
+    path = export_partition(cfg, 1, tmp_path / "c1.npz")
+    with np.load(path) as z:
+        np.testing.assert_array_equal(z["x"], bench.train_x[parts[1]])
+        np.testing.assert_array_equal(z["y"], bench.train_y[parts[1]])
+        assert str(z["benchmark"]) == "multimnist"
+
+
+def _write(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(("arrays", "match"), [
+    ({"x": np.zeros((5, 28, 28), np.uint8)}, "needs arrays 'x'"),
+    ({"x": np.zeros((5, 28, 28), np.float32), "y": np.zeros((5, 2), np.int64)}, "must be uint8"),
+    ({"x": np.zeros((5, 28, 28), np.uint8), "y": np.zeros((4, 2), np.int64)}, "same number"),
+    ({"x": np.zeros((5, 28, 28), np.uint8), "y": np.zeros((5, 3), np.int64)}, r"y must be \[samples, 2\]"),
+    ({"x": np.zeros((5, 28, 28), np.uint8), "y": np.full((5, 2), 10)}, "must be in 0..9"),
+    ({"x": np.zeros((5, 28, 28), np.uint8), "y": np.zeros((5, 2), np.float32)}, "must be integers"),
+    ({"x": np.zeros((5, 28, 28), np.uint8), "y": np.zeros((5, 2), np.int64), "benchmark": np.array("celeba5")},
+     "written for benchmark 'celeba5'"),
+])
+def test_bad_node_files_are_named_errors(tmp_path: Path, arrays: dict[str, np.ndarray], match: str) -> None:
+    cfg = load_config("multimnist", CFG)
+    path = _write(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(NodeDataError, match=match) as info:
+        load_node_file(path, cfg, 0, 4)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_and_wrong_image_size_are_named_errors(tmp_path: Path) -> None:
+    with pytest.raises(NodeDataError, match="is not a file"):
+        NodeWorker(_text(), 0, 4, str(tmp_path / "nope.npz"))
+    path = _write(tmp_path / "big.npz", x=np.zeros((5, 32, 32), np.uint8), y=np.zeros((5, 2), np.int64))
+    with pytest.raises(NodeDataError, match=r"images \[1, 32, 32\].*do not fit the multimnist model"):
+        NodeWorker(_text(), 0, 4, str(path))
+
+
+def test_flower_export_command_writes_one_file_per_node(tmp_path: Path) -> None:
+    sets = [x for item in SMALL for x in ("--set", item)]
+    res = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "export", "multimnist", "--nodes", "3",
+                          *sets, "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    cfg = load_config("multimnist", [*SMALL, "partition.clients=3", "train.clients_per_round=3"])
+    _, parts = load_data(cfg)
+    for k in range(3):
+        with np.load(node_data_file(tmp_path, k)) as z:
+            assert len(z["x"]) == parts.shape[1]
+    with np.load(node_data_file(tmp_path, 2)) as z, np.load(export_partition(cfg, 2, tmp_path / "x.npz")) as ref:
+        np.testing.assert_array_equal(z["x"], ref["x"])
+    bad = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "export", "multimnist", "--nodes", "3",
+                          *sets, "--clients", "3", "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "clients 0..2" in bad.stderr
