@@ -93,7 +93,7 @@ def test_resume_of_a_completed_run_changes_nothing(paper_run: Path) -> None:
 
 def test_presets_and_show_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["presets"]) == 0
-    assert capsys.readouterr().out.split() == [
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
         "celeba5-a", "celeba5-b", "cifar10-mnist-a", "cifar10-mnist-b", "mnist-fmnist", "multimnist"]
     assert main(["show-config", "multimnist", "--method", "uniform", "--set", "train.local_steps=4"]) == 0
     shown = tomllib.loads(capsys.readouterr().out)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -113,6 +114,11 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     assert not (out / "checkpoint.pt").exists()
     assert len(rounds_of(out)) == 2 and "run directory:" in output
+    served = json.loads((out / "environment.json").read_text())["clients"]
+    assert sorted(served) == ["0", "1", "2"]
+    for k, info in served.items():  # the run records which file each node served
+        path = tmp_path / "node-data" / f"client-{k}.npz"
+        assert info["node_file"] == str(path) and info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     sim = tmp_path / "sim"  # the nodes' own files hold exactly the simulator's partitions
     run_experiment(load_config("multimnist", [*SMALL, 'dtype="float64"', "partition.clients=3", "rounds=2",
                                               "train.clients_per_round=3"]), sim, progress=False)

@@ -170,7 +170,7 @@ def test_paper_delta_is_flagged_when_the_runs_setting_differs(grid: Path, runs: 
     assert "Δ (ours − paper)" not in captured.out
     assert "| Δ n/a: setting differs | n/a | n/a | n/a | n/a |" in captured.out
     assert "rounds = 3 (paper 200)" in captured.out and "train.clients_per_round = 4 (paper 20)" in captured.out
-    assert captured.err.startswith("warning: --paper: multimnist: the runs differ from the paper's setting (rounds = 3")
+    assert captured.err.startswith("note: --paper: multimnist: the runs differ from the paper's setting (rounds = 3")
     # the same runs under the paper's setting get their difference row
     (t1,) = build_tables(_as_paper_setting(runs), ["1"], paper=True)
     delta = [cells for labels, cells in zip(t1.labels, t1.rows) if labels[-1] == "Δ (ours − paper)"]
@@ -180,8 +180,8 @@ def test_paper_delta_is_flagged_when_the_runs_setting_differs(grid: Path, runs: 
 
 def test_notes_say_what_tables_9_and_11_hold(runs: list[Run]) -> None:
     t9, t11 = build_tables(runs, ["9", "11"])
-    assert t9.notes == ["No best / second-best marks: the paper ranks FSMGDA, FedCMOO and FedHV, and these runs "
-                        "have only FedHV of them."]
+    assert ("No best / second-best marks: the paper ranks FSMGDA, FedCMOO and FedHV, and these runs have only FedHV "
+            "of them.") in t9.notes
     assert not any(c.mark for row in t9.rows for c in row)
     assert t11.title == "Table 11: MeanAcc averaged over the final 3 scheduled test evaluations"
     assert ("These runs have only 3 scheduled test evaluations, so each value averages 3 evaluations, not the "
@@ -190,8 +190,8 @@ def test_notes_say_what_tables_9_and_11_hold(runs: list[Run]) -> None:
     relabelled = [dataclasses.replace(r, summary={**r.summary, "method": "fsmgda"}) if r.method == "uniform" else r
                   for r in runs]
     (t9,) = build_tables(relabelled, ["9"])
-    assert t9.notes == ["Bold: best, underlined: second best among FSMGDA, FedHV (the paper ranks FSMGDA, FedCMOO "
-                        "and FedHV), on unrounded means."]
+    assert ("Bold: best, underlined: second best among FSMGDA, FedHV (the paper ranks FSMGDA, FedCMOO and FedHV), "
+            "on unrounded means.") in t9.notes
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -235,22 +235,25 @@ def test_figure_width_per_size(runs: list[Run], figures: Any) -> None:
 
 
 def test_each_method_has_one_colour_in_every_figure(runs: list[Run], figures: Any) -> None:
-    # Uniform's runs relabelled as a registered method of the user's ("mymethod").
-    mixed = [dataclasses.replace(r, summary={**r.summary, "method": "mymethod"}) if r.method == "uniform" else r
-             for r in runs]
+    # Two methods of the user's ("mymethod", "othermethod": Uniform's and FedHV's runs relabelled) on
+    # MultiMNIST, and "othermethod" alone on a second setting: its colour must not depend on the figure.
+    names = {"uniform": "mymethod", "fedhv": "othermethod"}
+    mixed = [dataclasses.replace(r, summary={**r.summary, "method": names[r.method]}) for r in runs]
+    mixed += [dataclasses.replace(r, summary={**r.summary, "setting": "mnist-fmnist"}) for r in mixed
+              if r.method == "othermethod"]
     colours: dict[str, set[str]] = {}
     for stem, fig in figures(mixed).items():
         if stem.startswith(("curves-", "tasks-", "wallclock-")):
             for ax in fig.axes:
                 for line in ax.get_lines():
-                    name = line.get_label().split(" (incl.")[0]
-                    colours.setdefault(name, set()).add(line.get_color())
-    assert set(colours) == {"mymethod", "FedHV"}
+                    colours.setdefault(line.get_label().split(" (incl.")[0], set()).add(line.get_color())
+    assert set(colours) == {"mymethod", "othermethod"}
     assert all(len(c) == 1 for c in colours.values()), colours
-    from fedhv.results.plots import COLORS
+    assert colours["mymethod"] != colours["othermethod"]
+    from fedhv.results.plots import COLORS, method_color
 
-    assert colours["FedHV"] == {COLORS["fedhv"]}
-    assert colours["mymethod"].isdisjoint(COLORS.values())  # not confused with one of the paper's methods
+    assert all(method_color(m) == c for m, c in COLORS.items())  # the paper's four keep their colours
+    assert set.union(*colours.values()).isdisjoint(COLORS.values())  # not confused with one of them
 
 
 def test_paper_figure_20_is_named_after_its_number(runs: list[Run], figures: Any) -> None:

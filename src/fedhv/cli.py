@@ -401,7 +401,7 @@ def _table(args: argparse.Namespace) -> int:
     if not tables:
         raise UsageError(f"{args.dir}: the runs found give none of tables {', '.join(which)}")
     for line in dict.fromkeys(w for t in tables for w in t.warnings):
-        print(f"warning: {line}", file=sys.stderr)
+        print(f"note: {line}", file=sys.stderr)
     if args.out is None:
         print(render(tables, args.format), end="")
         return 0

@@ -31,7 +31,8 @@ def git_revision() -> str | None:
         return None
 
 
-def environment(provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+def environment(provenance: dict[str, Any] | None = None,
+                clients: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions and machine facts for ``environment.json``.
 
     Parameters
@@ -41,6 +42,10 @@ def environment(provenance: dict[str, Any] | None = None) -> dict[str, Any]:
         data root, source files with sizes and digests, warnings (e.g. a CelebA subset,
         or the derived cache standing in for missing sources), the cache file used or
         built and the sample counts. Recorded on every run, not only when the cache is built.
+    clients : dict, optional
+        What the clients themselves serve when they are not the simulator's (a Flower run:
+        per client id, its node's sample count and, for data of its own, the file and its
+        SHA-256), stored under ``"clients"``.
     """
     env: dict[str, Any] = {
         "fedhv": fedhv.__version__,
@@ -56,4 +61,6 @@ def environment(provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     }
     if provenance is not None:
         env["data"] = provenance
+    if clients is not None:
+        env["clients"] = clients
     return env

@@ -230,7 +230,9 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
         try:
             data, setup = _prepare(cfg, progress, calibration, federation_factory)
             run.write_text("config.toml", dumps(to_dict(cfg)))
-            run.write_json("environment.json", environment(data.provenance))
+            # a federation factory may say what its clients serve (Flower: each node's data)
+            run.write_json("environment.json", environment(data.provenance,
+                                                           getattr(federation_factory, "provenance", None)))
             if setup.calibration is not None:
                 run.write_json("calibration.json", setup.calibration.as_dict())
         except BaseException:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -57,7 +57,7 @@ def paper_stat(*path: str | int) -> Stat | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _preset(setting: str) -> dict[str, Any] | None:
     """The bundled preset ``setting`` with its defaults filled in (no validation, no torch), or None."""
     from fedhv.config.loader import build, load_setting, preset_names, to_dict

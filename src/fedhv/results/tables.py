@@ -300,7 +300,8 @@ def table10(runs: Sequence[Run], paper: bool = False) -> Table:
                 theirs = [Cell(paper_stat("table10", name, str(variant[1]), "mean_acc")),
                           Cell(paper_stat("table10", name, str(variant[1]), "mean_loss"), digits=4)]
             where = f"{setting}/{name}={variant[1]}"
-            for metric, ours, their in zip(("mean_acc", "mean_loss"), cells, theirs or [None, None]):
+            their_cells: list[Cell | None] = list(theirs) if theirs else [None, None]
+            for metric, ours, their in zip(("mean_acc", "mean_loss"), cells, their_cells):
                 _record(table, where, "fedhv", metric, ours, their)
             differs = _paper_check(table, rs, setting, paper and theirs is not None, ignore=(param,))
             _with_paper(table, [setting_label(setting), ABLATION_LABELS.get(name, name), str(variant[1])], cells,
