@@ -104,7 +104,7 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
     for k, (entry, h) in enumerate(zip(entries, hs)):
         summaries.append({
             "strata": entry["rules"][0], "same_as": entry["rules"][1:], "configured": k == 0,
-            "strata_present": int(len(np.unique(entry["strata"]))), "mean_tv": h.mean_tv,
+            "strata_present": len(np.unique(entry["strata"])), "mean_tv": h.mean_tv,
             "max_client_tv": h.max_client_tv, "task_mean_tv": list(h.task_mean_tv),
         })
     iid = Heterogeneity.of(client_task_tv(labels, iid_partition(len(labels), p.clients, p.samples_per_client,
@@ -113,9 +113,9 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
     keys, counts = np.unique(strata, return_counts=True)
     clients = []
     for k, row in enumerate(parts):
-        rec: dict[str, Any] = {"client": k, "strata_present": int(len(np.unique(strata[row]))),
+        rec: dict[str, Any] = {"client": k, "strata_present": len(np.unique(strata[row])),
                                "tv": configured.client_tv[k]}
-        if multilabel:
+        if isinstance(bench.objective, MultiLabel):
             rec["positive_rate"] = [float(labels[row][:, list(g)].mean()) for g in bench.objective.groups]
         else:
             rec["label_counts"] = [np.bincount(labels[row, i], minlength=c).tolist()
@@ -126,9 +126,9 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
         "num_classes": list(bench.num_classes), "multilabel": multilabel,
         "partition": {"clients": p.clients, "samples_per_client": p.samples_per_client, "alpha": p.alpha,
                       "strata": p.strata, "seed": p.seed},
-        "train_samples": int(len(labels)), "distinct_samples": int(len(np.unique(parts))),
+        "train_samples": len(labels), "distinct_samples": len(np.unique(parts)),
         "strata_sizes": {str(int(k)): int(c) for k, c in zip(keys, counts)} if len(keys) <= 40 else None,
-        "strata_present": int(len(keys)),
+        "strata_present": len(keys),
         "heterogeneity": summaries,
         "iid": {"mean_tv": iid.mean_tv, "max_client_tv": iid.max_client_tv, "task_mean_tv": list(iid.task_mean_tv)},
         "clients": clients,
@@ -138,15 +138,15 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
 def render_text(r: dict[str, Any]) -> str:
     """The report as text: header, heterogeneity summary, per-client statistics."""
     p = r["partition"]
-    lines = [
+    lines = [(
         f"{r['setting']}: {p['clients']} clients x {p['samples_per_client']} samples, alpha = {p['alpha']}, "
         f"{p['strata']} strata ({r['strata_present']} present in the training pool), seed {p['seed']}; "
         f"{r['distinct_samples']} distinct samples of {r['train_samples']}"
-    ]
+    )]
     if r["strata_sizes"] is not None:
         lines.append("strata sizes: " + ", ".join(f"{k}:{c}" for k, c in r["strata_sizes"].items()))
-    lines += ["", "heterogeneity: mean total-variation distance of client label marginals from the pool's "
-              "(0 = the pool's labels, 1 = disjoint), per task and overall; * = configured rule"]
+    lines += ["", ("heterogeneity: mean total-variation distance of client label marginals from the pool's "
+                   "(0 = the pool's labels, 1 = disjoint), per task and overall; * = configured rule")]
     names = [" = ".join([s["strata"], *s["same_as"]]) for s in r["heterogeneity"]]
     width = max(len("iid (uniform sample, for scale)"), *(len(n) for n in names)) + 2
     lines.append(f"  {'strata rule':<{width}}{'strata':>8}{'mean TV':>9}{'max TV':>9}"

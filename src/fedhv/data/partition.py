@@ -78,7 +78,7 @@ def dirichlet_partition(
         p = rng.dirichlet(np.full(len(keys), alpha))
         mine: list[int] = []
         wants = np.floor(p * samples_per_client).astype(np.int64)
-        for k in np.flatnonzero(wants):  # strata in sorted order; n_k = 0 takes nothing
+        for k in np.flatnonzero(wants).tolist():  # strata in sorted order; n_k = 0 takes nothing
             want = int(wants[k])
             if len(pools[k]) < want:
                 refill = pools[k] + used[k]

@@ -15,9 +15,9 @@ from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition
 from fedhv.data.user import user_benchmark, user_federated_data, user_model
 from fedhv.models import MultiTaskModel, build_model, default_init
+from fedhv.registry import BENCHMARKS
 from fedhv.rng import numpy_rng, torch_generator
 from fedhv.sim.batched import BatchedEngine
-from fedhv.registry import BENCHMARKS
 from fedhv.sim.engine import Engine, SequentialEngine
 from fedhv.sim.module import ModuleAdapter, vmap_problem
 

@@ -53,9 +53,9 @@ def hello(msg: Message, context: Context) -> Message:
     pid, n, path = node_partition(context)
     worker = worker_for(text, pid, n, path)  # loads the data now and checks it fits the run
     context.state[HELLO] = ConfigRecord({"config": text})
-    info = {"partition-id": pid, "num-partitions": n,
-            **{k: v if isinstance(v, int) else str(v) for k, v in worker.provenance.items()}}
-    return Message(RecordDict({NODE: ConfigRecord(info)}), reply_to=msg)
+    info: dict[str, int | str] = {"partition-id": pid, "num-partitions": n}
+    info.update({k: v if isinstance(v, int) else str(v) for k, v in worker.provenance.items()})
+    return Message(RecordDict({NODE: ConfigRecord(dict(info))}), reply_to=msg)  # type: ignore[arg-type]
 
 
 @app.train()

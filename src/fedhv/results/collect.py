@@ -163,8 +163,9 @@ class Run:
 def evaluation_note(runs: Sequence[Run]) -> str:
     """The table note saying which evaluation :attr:`Run.reported` took, with its rounds."""
     def rounds(selected: Iterable[Run]) -> str:
-        pairs = sorted({(r.reported.get("round"), r.total_rounds) for r in selected}, key=str)
-        return ", ".join(f"round {a} of {b}" for a, b in pairs)
+        pairs = {(r.scheduled_round if not r.final_eval and r.scheduled_round is not None
+                  else r.reported.get("round"), r.total_rounds) for r in selected}
+        return ", ".join(f"round {a} of {b}" for a, b in sorted(pairs, key=str))
 
     final = [r for r in runs if r.final_eval]
     scheduled = [r for r in runs if not r.final_eval and r.scheduled_round is not None]
