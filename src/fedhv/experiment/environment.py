@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -31,6 +32,40 @@ def git_revision() -> str | None:
         return None
 
 
+#: Environment variables that change which float kernels torch, MKL and oneDNN run.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def cpu_model() -> str | None:
+    """The CPU model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere), or ``None``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def kernel_fingerprint() -> dict[str, Any]:
+    """What decides the float bits of a CPU run besides the code and the seed.
+
+    fedhv's random draws (partition, clients, batches, angles, flips, dropout masks) are
+    integer and boolean draws from CPU generators and do not depend on the machine; the
+    float results do: torch picks its vectorised kernels by CPU capability (AVX2,
+    AVX512, ...) and MKL / oneDNN by instruction set, so the same run on two CPUs
+    differs from the first round on by float32 round-off, which 200 rounds amplify to
+    tenths of a percent of accuracy. Runs are bit-exact only when this dict is equal.
+    """
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": cpu_model(),
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+    }
+
+
 def environment(provenance: dict[str, Any] | None = None,
                 clients: dict[str, Any] | None = None) -> dict[str, Any]:
     """Versions and machine facts for ``environment.json``.
@@ -56,6 +91,7 @@ def environment(provenance: dict[str, Any] | None = None,
         "platform": platform.platform(),
         "processor": platform.machine(),
         "torch_threads": torch.get_num_threads(),
+        "kernels": kernel_fingerprint(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv,
     }

@@ -36,7 +36,7 @@ from fedhv.experiment.checkpoint import (
     save_checkpoint,
     truncate_jsonl,
 )
-from fedhv.experiment.environment import environment
+from fedhv.experiment.environment import environment, kernel_fingerprint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
@@ -115,6 +115,15 @@ def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool
     if out is None:
         return RunDir.create_default(cfg.setting, cfg.method, cfg.seed)
     return RunDir.create(out, overwrite=overwrite)
+
+
+def _recorded_kernels(path: Path) -> dict[str, Any] | None:
+    """``kernels`` from the run's ``environment.json`` (None when absent or unreadable)."""
+    try:
+        value = json.loads((path / "environment.json").read_text()).get("kernels")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _recorded_threads(path: Path) -> int | None:
@@ -286,6 +295,10 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
         log.warning("resume: using %d torch threads as recorded in environment.json (not %d): a resume is "
                     "exact only with the run's thread count", threads, torch.get_num_threads())
         torch.set_num_threads(threads)
+    recorded = _recorded_kernels(path)
+    if recorded is not None and recorded != (now := kernel_fingerprint()):
+        log.warning("resume: this machine's float kernels %s differ from the run's %s (environment.json): the "
+                    "resumed rounds will not equal an uninterrupted run bit for bit", now, recorded)
     ckpt = load_checkpoint(path)
     if ckpt is not None and ckpt.config_sha256 != config_digest(text):
         raise ResumeError(
@@ -311,7 +324,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     log.warning("resuming %s at round %d of %d", path, done, cfg.rounds)
     resumes = JsonlWriter(path / "resumes.jsonl")
     resumes.append({"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
-                    "torch_threads": torch.get_num_threads()})
+                    "torch_threads": torch.get_num_threads(), "kernels": kernel_fingerprint()})
     resumes.close()
     return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory)
 
