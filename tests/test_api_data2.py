@@ -176,16 +176,20 @@ def test_simulate_out_is_a_run_directory_that_fedhv_table_reads(tmp_path: Path) 
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in metrics] == [2, 3]
     assert [m["task_acc"] for m in metrics] == [e["acc"] for e in hist.evaluations]
-    last = hist.evaluations[-1]
+    # tables report the last scheduled evaluation (paper B.5: round 2 of 3 with eval_every = 2);
+    # --final-eval the extra one after the last round
+    scheduled, last = hist.evaluations[0], hist.evaluations[-1]
+    assert scheduled["round"] == 2 and last["round"] == 3
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
-    done = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path / "runs"), "--table", "1"],
-                          capture_output=True, text=True, timeout=60, check=False, env=env)
-    assert done.returncode == 0, done.stderr
-    row = next(line for line in done.stdout.splitlines() if line.startswith("| toy |"))
-    assert f"{last['mean_acc']:.2f}" in row and f"{last['worst_acc']:.2f}" in row
+    for flags, ev in (([], scheduled), (["--final-eval"], last)):
+        done = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path / "runs"), "--table", "1",
+                               *flags], capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert done.returncode == 0, done.stderr
+        row = next(line for line in done.stdout.splitlines() if line.startswith("| toy |"))
+        assert f"{ev['mean_acc']:.2f}" in row and f"{ev['worst_acc']:.2f}" in row
     done = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(out), "--table", "8"],
                           capture_output=True, text=True, timeout=60, check=False, env=env)
-    assert f"{last['mean_loss']:.4f}" in done.stdout
+    assert f"{scheduled['mean_loss']:.4f}" in done.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["reference"] == hist.reference and summary["tasks"] == ["cls", "reg"]
     assert summary["calibration"]["bytes_down"] == hist.calibration.bytes_down > 0  # type: ignore[union-attr]

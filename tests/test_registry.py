@@ -26,10 +26,12 @@ EXAMPLE = REPO / "examples" / "user_benchmark"
 FEDHV = str(Path(sys.executable).with_name("fedhv"))
 
 
-def _cli(*args: str, cwd: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path, extra_path: Path | None = None,
+         extra_site: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH", "")]))
+    paths = [str(p) for p in (extra_path, extra_site) if p is not None]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH", "")]))
     return subprocess.run([FEDHV, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -198,3 +200,33 @@ def test_example_user_benchmark_grid_then_table_shows_the_runs_numbers(tmp_path:
             assert float(row["std"]) == pytest.approx(statistics.stdev(values), abs=1e-12)
             assert row["n_seeds"] == "2"
     assert summaries[0]["mean_acc"] > 50.0  # two binary-or-better tasks, chance is 37.5 % on average
+
+
+def _installed(site: Path, name: str) -> None:
+    """An installed distribution in ``site`` (a ``.dist-info`` folder, as pip writes it) whose entry
+    point registers the example's factory as benchmark ``name``."""
+    info = site / "toy_fedhv_tasks-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-fedhv-tasks\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[fedhv.benchmarks]\n{name} = mypkg.tasks:make_benchmark\n")
+
+
+def test_installed_package_registers_a_benchmark_by_entry_point(tmp_path: Path) -> None:
+    """A package that declares ``[project.entry-points."fedhv.benchmarks"] toy-ep = "mypkg.tasks:make_benchmark"``
+    is usable by name in every process: a grid whose spawned workers never imported it in Python."""
+    site = tmp_path / "site"
+    _installed(site, "toy-ep")
+    setting = tmp_path / "toy-ep.toml"
+    setting.write_text((EXAMPLE / "config.toml").read_text().replace('"mypkg.tasks:make_benchmark"', '"toy-ep"'))
+    shown = _cli("show-config", str(setting), cwd=tmp_path, extra_path=EXAMPLE, extra_site=site)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    out = tmp_path / "grid"
+    proc = _cli("grid", str(setting), "--methods", "uniform", "--seeds", "0", "--rounds", "2", "--workers", "1",
+                "--out", str(out), cwd=tmp_path, extra_path=EXAMPLE, extra_site=site)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(next(out.rglob("summary.json")).read_text())
+    assert summary["rounds"] == 2
+    # without the installed package the name is unknown, with a one-line error listing the built-ins
+    missing = _cli("show-config", str(setting), cwd=tmp_path, extra_path=EXAMPLE)
+    assert missing.returncode == 2 and "data.benchmark = 'toy-ep' is not supported" in missing.stderr
+    assert "Traceback" not in missing.stderr

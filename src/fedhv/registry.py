@@ -12,7 +12,10 @@ Three :class:`Registry` instances hold everything a configuration can name:
 
 Built-ins register themselves through the same :meth:`Registry.register` when their
 module is imported; a registry imports that module on its first lookup, so this module
-(and :mod:`fedhv.config.schema`) never imports torch by itself.
+(and :mod:`fedhv.config.schema`) never imports torch by itself. Installed packages add
+entries through entry points (groups ``fedhv.benchmarks``, ``fedhv.models``,
+``fedhv.methods``), loaded when first named, so every process -- grid workers included --
+knows them without registering anything in Python.
 
 ``data.benchmark = "mypkg.tasks:make_benchmark"`` (a ``module:attribute`` value) names a
 user benchmark without registering it: :func:`resolve_benchmark` imports the module on
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, overload
 
@@ -47,7 +51,13 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, key: str, builtins: str) -> None:
         self.kind, self.key, self._builtins = kind, key, builtins
         self._items: dict[str, T] = {}
+        self._entry_points: dict[str, importlib.metadata.EntryPoint] = {}
         self._loaded = False
+
+    @property
+    def group(self) -> str:
+        """The entry-point group installed packages register in (``fedhv.benchmarks``, ...)."""
+        return f"fedhv.{self.kind}s"
 
     def _load(self) -> None:
         if self._loaded:
@@ -58,6 +68,24 @@ class Registry(Generic[T]):
         except BaseException:
             self._loaded = False
             raise
+        # Installed packages' entries (``[project.entry-points."fedhv.benchmarks"]``), loaded on
+        # first use: every process sees them (grid workers too), nothing is imported until named.
+        for ep in importlib.metadata.entry_points(group=self.group):
+            if ep.name not in self._items and ":" not in ep.name and ep.name.strip():
+                self._entry_points.setdefault(ep.name, ep)
+
+    def _from_entry_point(self, name: str) -> T:
+        ep = self._entry_points.pop(name)
+        try:
+            obj = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any failure is the installed package's; one line
+            detail = (str(exc).strip().splitlines() or [""])[0]
+            self._entry_points[name] = ep
+            raise ConfigError(f"{self.key} = {name!r}: the entry point {ep.value!r} (group {self.group}, package "
+                              f"{ep.dist.name if ep.dist else '?'}) cannot be loaded ({type(exc).__name__}: "
+                              f"{detail}); fix or reinstall that package") from None
+        self._items[name] = obj
+        return obj
 
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
@@ -99,22 +127,25 @@ class Registry(Generic[T]):
         self._load()
         if name in self._items:
             return self._items[name]
-        close = difflib.get_close_matches(str(name), list(self._items), n=1, cutoff=0.6)
+        if name in self._entry_points:
+            return self._from_entry_point(name)
+        known = [*self._items, *self._entry_points]
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"{self.key} = {name!r} is not supported{hint}; choose one of {', '.join(self._items)}, "
+            f"{self.key} = {name!r} is not supported{hint}; choose one of {', '.join(known)}, "
             f"or register one with fedhv.register_{self.kind}(name, factory)"
             + (", or name a factory as 'module:attribute'" if self.kind == "benchmark" else "")
         )
 
     def names(self) -> tuple[str, ...]:
-        """Registered names, in registration order (built-ins first)."""
+        """Registered names, in registration order (built-ins first), then installed packages' entry points."""
         self._load()
-        return tuple(self._items)
+        return (*self._items, *(n for n in self._entry_points if n not in self._items))
 
     def __contains__(self, name: object) -> bool:
         self._load()
-        return name in self._items
+        return name in self._items or name in self._entry_points
 
     def __getitem__(self, name: str) -> T:
         return self.get(name)
