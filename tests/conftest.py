@@ -58,3 +58,16 @@ def flower_deployment(request: pytest.FixtureRequest):  # type: ignore[no-untype
 
     with checked_deployment(request, NODES, min_procs=1 + 2 * NODES) as dep:
         yield dep
+
+
+@pytest.fixture(scope="session")
+def small_grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real grid shared by the result-reading tests (read only: damage a copy):
+    multimnist x (uniform, fedhv) x seeds 0, 1, three rounds each (SMALL setting)."""
+    from fedhv.cli import main
+
+    out = tmp_path_factory.mktemp("grid")
+    sets = [a for o in SMALL for a in ("--set", o)]
+    assert main(["grid", "multimnist", "--methods", "uniform,fedhv", "--seeds", "0,1", "--rounds", "3",
+                 "--out", str(out), "--workers", "1", "--threads", "1", "--quiet", *sets]) == 0
+    return out

@@ -33,12 +33,9 @@ CSV_HEADER = ("table", "setting", "method", "metric", "mean", "std", "n_seeds", 
 
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real grid: multimnist x (uniform, fedhv) x seeds 0, 1, three rounds each (SMALL setting)."""
-    out = tmp_path_factory.mktemp("grid")
-    assert main(["grid", "multimnist", "--methods", "uniform,fedhv", "--seeds", "0,1", "--rounds", "3",
-                 "--out", str(out), "--workers", "1", "--threads", "1", "--quiet", *SETS]) == 0
-    return out
+def grid(small_grid: Path) -> Path:
+    """The session's small grid (``conftest.small_grid``); tests only read it."""
+    return small_grid
 
 
 @pytest.fixture(scope="module")

@@ -13,24 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from fedhv.cli import main
 from fedhv.results.collect import find_runs
 from fedhv.results.plots import make_figures
 from fedhv.results.table_model import RENDERERS
 from fedhv.results.tables import build_tables
 
-from conftest import SMALL
-
-SETS = [a for o in SMALL for a in ("--set", o)]
-
 
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real grid: multimnist x (uniform, fedhv) x seeds 0, 1, three rounds each."""
-    out = tmp_path_factory.mktemp("grid")
-    assert main(["grid", "multimnist", "--methods", "uniform,fedhv", "--seeds", "0,1", "--rounds", "3",
-                 "--out", str(out), "--workers", "1", "--threads", "1", "--quiet", *SETS]) == 0
-    return out
+def grid(small_grid: Path) -> Path:
+    """The session's small grid (``conftest.small_grid``); tests only read it."""
+    return small_grid
 
 
 @pytest.fixture
