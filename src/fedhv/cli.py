@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--tls", action="store_true", help="TLS to the SuperLink with a fresh test CA (docs/flower.md)")
     local.add_argument("--auth", action="store_true", help="SuperNode authentication (needs --tls): one registered "
                        "key per SuperNode")
+    local.add_argument("--secure", action="store_true", help="secure aggregation (SecAgg+): the server learns only "
+                       "the clients' mean update and report (flower.secure_aggregation = true; docs/security.md)")
     local.add_argument("--method", help="fedhv (default), uniform, fsmgda or fedcmoo")
     local.add_argument("--seed", type=int, help="training seed (default 0)")
     local.add_argument("--rounds", type=int, help="number of adaptive rounds")
@@ -271,7 +273,11 @@ def _flower(args: argparse.Namespace) -> int:
     elif args.nodes is None:
         raise UsageError("fedhv flower local: give --nodes N (one SuperNode per client)")
     else:
-        cfg = local_config(args.setting, args.nodes, _overrides(args))
+        secure = ["flower.secure_aggregation=true"] if args.secure else []
+        cfg = local_config(args.setting, args.nodes, [*_overrides(args), *secure])
+    if args.secure and not cfg.flower.secure_aggregation:
+        raise UsageError(f"--secure with --resume {args.resume}: the run was not secure (its config.toml has "
+                         "flower.secure_aggregation = false); resume it without --secure")
     bar = tqdm(total=cfg.rounds, desc=f"flower {cfg.setting} {cfg.method} s{cfg.seed} ({args.nodes} nodes)",
                disable=args.quiet, dynamic_ncols=True, mininterval=0.5)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from fedhv.config.flower import FlowerConfig, check_flower
 from fedhv.devices import check_device
 from fedhv.errors import ConfigError
 from fedhv.registry import METHODS as REGISTERED_METHODS
@@ -20,6 +21,7 @@ METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
 LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 ENGINES: tuple[str, ...] = ("batched", "sequential")
 DTYPES: tuple[str, ...] = ("float32", "float64")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 #: Dirichlet strata rules (``partition.strata``; :meth:`fedhv.data.benchmarks.Benchmark.strata`).
 #: They differ only for multi-label benchmarks (CelebA5), where ``"all-label"`` is kept as the
 #: earlier name of ``"task-representatives"`` and ``"all-attributes"`` is the paper's all-label rule.
@@ -267,8 +269,10 @@ class CheckpointConfig:
 class RunConfig:
     """A complete run.
 
-    ``engine_chunk`` bounds how many client model copies the batched engine trains at
-    once (0 = all; lower it to cap memory, e.g. for CelebA5's ResNet-18). ``device`` is
+    ``engine_chunk``: model copies the batched engine trains at once; ``"auto"`` (default):
+    as many as fit half the available memory (:mod:`fedhv.sim.memory`), ``0``: all, unchecked
+    (the earlier default), ``n > 0``: ``n``. ``precision = "bf16"``: forward passes under
+    bfloat16 autocast, the rest in float32 (:mod:`fedhv.sim.precision`). ``device`` is
     ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``; it must be available (see
     :func:`fedhv.devices.check_device`).
     """
@@ -278,7 +282,8 @@ class RunConfig:
     seed: int = 0
     rounds: int = 200
     engine: str = "batched"
-    engine_chunk: int = 0
+    engine_chunk: int | str = "auto"
+    precision: str = "fp32"
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0
@@ -294,6 +299,7 @@ class RunConfig:
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    flower: FlowerConfig = field(default_factory=FlowerConfig)  # [flower]: fedhv.config.flower
 
     @property
     def lr_global(self) -> float:
@@ -373,8 +379,13 @@ def validate(cfg: RunConfig) -> None:
     _seed("data.val_seed", cfg.data.val_seed)
     for i, calibration_seed in enumerate(cfg.calibration.seeds):
         _seed(f"calibration.seeds[{i}]", calibration_seed)
-    if cfg.engine_chunk < 0:
-        raise ConfigError(f"engine_chunk = {cfg.engine_chunk} must be >= 0 (0 = all model copies at once)")
+    if cfg.engine_chunk != "auto" and not (isinstance(cfg.engine_chunk, int) and cfg.engine_chunk >= 0):
+        raise ConfigError(f"engine_chunk = {cfg.engine_chunk!r} must be \"auto\" (fit the available memory), "
+                          "0 (all model copies at once) or a positive number of copies")
+    _choice("precision", cfg.precision, PRECISIONS)
+    if cfg.precision == "bf16" and cfg.dtype != "float32":
+        raise ConfigError(f"precision = \"bf16\" needs dtype = \"float32\" (got dtype = {cfg.dtype!r}); "
+                          "set dtype = \"float32\" or precision = \"fp32\"")
     if cfg.threads < 0:
         raise ConfigError(f"threads = {cfg.threads} must be >= 0 (0 = torch default)")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
@@ -482,6 +493,7 @@ def validate(cfg: RunConfig) -> None:
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"faults.{name} = {value} must be a probability in [0, 1) (0 = no faults)")
     _validation(cfg.validation)
+    check_flower(cfg)
     if cfg.checkpoint.period < 0:
         raise ConfigError(
             f"checkpoint.period = {cfg.checkpoint.period} must be >= 0 (0 = at every test evaluation); "

@@ -122,6 +122,8 @@ def calibration_key(cfg: RunConfig) -> str:
         "engine": cfg.engine,
         "dtype": cfg.dtype,
     }
+    if cfg.precision != "fp32":  # bf16 forwards change the calibration reports (absent for fp32: old keys hold)
+        relevant["precision"] = cfg.precision
     v = cfg.validation
     if v.max_update_norm or v.max_update_norm_ratio:  # reply norm bounds also filter calibration replies
         relevant["update_norm_bounds"] = [v.max_update_norm, v.max_update_norm_ratio]

@@ -152,6 +152,7 @@ def run_rounds(
             skipped, round_log = True, {}
             lost += 1 if federation.diverged else 0
             log.warning("round %d: no valid client reply; model and task weights kept", t + 1)
+        round_log = {**round_log, **getattr(federation, "extras", {})}  # back-end facts (secure aggregation)
         synchronize(engine.device)
         elapsed = time.perf_counter() - t0
         record = RoundRecord(

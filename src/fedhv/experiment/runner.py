@@ -45,6 +45,7 @@ from fedhv.metrics import aggregate_metrics, evaluate_tasks
 from fedhv.models import MultiTaskModel, get_flat, set_flat
 from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir, write_atomic_with
 from fedhv.sim.faults import FaultInjector
+from fedhv.sim.precision import amp_module
 
 log = logging.getLogger("fedhv")
 
@@ -155,7 +156,8 @@ def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, dat
     set_flat(evaluator, theta)
     entry: dict[str, Any] = {}
     for split in cfg.eval.splits:
-        acc, loss = evaluate_tasks(evaluator, *data.eval_sets[split], cfg.eval.batch_size, data.objective)
+        acc, loss = evaluate_tasks(amp_module(evaluator, cfg.precision), *data.eval_sets[split],
+                                   cfg.eval.batch_size, data.objective)
         values = {**aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss}
         if split == "test":
             entry.update(values)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 
 import numpy as np
@@ -19,9 +20,12 @@ from fedhv.registry import BENCHMARKS
 from fedhv.rng import numpy_rng, torch_generator
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
+from fedhv.sim.memory import ChunkChoice, auto_chunk
 from fedhv.sim.module import ModuleAdapter, vmap_problem
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+log = logging.getLogger("fedhv")
 
 
 def configured_augment(aug: Augment, cfg: RunConfig) -> Augment:
@@ -83,11 +87,16 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
 
 
-def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed: int, stream: str) -> Engine:
+def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed: int, stream: str,
+                available: int | None = None) -> Engine:
     """The configured engine over ``model`` (a working copy it may overwrite).
 
+    ``available``: the memory (bytes) an automatic ``engine_chunk`` plans for; ``None``
+    measures it (:func:`fedhv.sim.memory.available_bytes`).
+
     A user's module that ``torch.func.vmap`` cannot run (BatchNorm in train mode) runs on
-    the sequential engine, with a one-line warning.
+    the sequential engine, with a one-line warning. ``engine_chunk = "auto"`` is resolved
+    here by :func:`choose_engine_chunk`; the choice is kept as ``engine.chunk_choice``.
     """
     if cfg.engine == "batched" and isinstance(model, ModuleAdapter):
         problem = vmap_problem(model, data.train_x[:2])
@@ -96,10 +105,14 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
                           RuntimeWarning, stacklevel=2)
             cfg = dataclasses.replace(cfg, engine="sequential")
     if cfg.engine == "batched":
-        return BatchedEngine(
+        choice = choose_engine_chunk(cfg, model, data, available) if cfg.engine_chunk == "auto" else None
+        engine = BatchedEngine(
             model, data, local_steps=cfg.train.local_steps, batch_size=cfg.train.batch_size, lr_local=cfg.lr_local,
-            momentum=cfg.train.momentum, seed=seed, stream=stream, chunk=cfg.engine_chunk,
+            momentum=cfg.train.momentum, seed=seed, stream=stream, precision=cfg.precision,
+            chunk=(choice.chunk if choice else 0) if cfg.engine_chunk == "auto" else int(cfg.engine_chunk),
         )
+        engine.chunk_choice = choice
+        return engine
     return SequentialEngine(
         model,
         data,
@@ -109,7 +122,28 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
         momentum=cfg.train.momentum,
         seed=seed,
         stream=stream,
+        precision=cfg.precision,
     )
+
+
+def choose_engine_chunk(cfg: RunConfig, model: MultiTaskModel, data: FederatedData,
+                        available: int | None = None) -> ChunkChoice | None:
+    """``engine_chunk = "auto"``: the most copies that fit half the available memory.
+
+    Logged (INFO: a grid's ``run.log``; WARNING when it is below ``train.clients_per_round``,
+    i.e. when it actually splits a round). ``None`` (all copies at once, with a warning)
+    when the model cannot run the meta-device dry forward of :mod:`fedhv.sim.memory`.
+    """
+    try:
+        choice = auto_chunk(model, tuple(data.train_x.shape[1:]), cfg.train.batch_size, cfg.precision, available)
+    except Exception as exc:  # noqa: BLE001 - any failure of the estimate means: no automatic chunk
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning("engine_chunk auto: cannot estimate this model's memory (%s); all copies at once "
+                    "(set engine_chunk = N to bound it)", first)
+        return None
+    level = logging.WARNING if choice.chunk < cfg.train.clients_per_round else logging.INFO
+    log.log(level, "%s", choice.describe())
+    return choice
 
 
 def sample_clients(seed: int, stream: str, round_idx: int, num_clients: int, per_round: int) -> np.ndarray:

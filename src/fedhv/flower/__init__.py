@@ -7,6 +7,8 @@ import it: ``node`` (a SuperNode's computation) does not, the others do.
 - :mod:`fedhv.flower.client`: the ``ClientApp`` (``fedhv.flower.client:app``);
 - :mod:`fedhv.flower.federation`: the ``Federation`` over a ``Grid``;
 - :mod:`fedhv.flower.server`: the ``ServerApp`` (``fedhv.flower.server:app``);
+- :mod:`fedhv.flower.secure` / :mod:`fedhv.flower.secure_client`: secure aggregation (SecAgg+),
+  the server's and the node's side;
 - :mod:`fedhv.flower.executor`: a long-lived ClientApp process (``--isolation process``);
 - :mod:`fedhv.flower.local`: ``fedhv flower local``;
 - :mod:`fedhv.flower.certs`: test TLS certificates and SuperNode authentication keys.

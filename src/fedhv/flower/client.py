@@ -26,6 +26,7 @@ from flwr.clientapp import ClientApp
 
 from fedhv.flower.node import NodeError, config_sha, worker_for
 from fedhv.flower.protocol import HELD, HELLO, MODEL, NODE, as_int, model_sha, result_content, stage_order
+from fedhv.flower.secure_client import is_secure, requires_secure, secure_stage
 
 app = ClientApp()
 
@@ -60,7 +61,13 @@ def hello(msg: Message, context: Context) -> Message:
 
 @app.train()
 def stage(msg: Message, context: Context) -> Message:
-    """One synchronization stage for this node's client."""
+    """One synchronization stage for this node's client (a SecAgg+ stage goes through
+    :func:`fedhv.flower.secure_client.secure_stage`)."""
+    if is_secure(msg):
+        return secure_stage(msg, context)
+    if requires_secure(context):
+        raise NodeError("this SuperNode runs with --node-config secure-aggregation=true and answers only SecAgg+ "
+                        "stages; run with flower.secure_aggregation = true (fedhv flower local --secure)")
     if HELLO not in context.state.config_records:
         raise NodeError("stage message before the handshake: the server must send the query handshake first")
     text = str(context.state.config_records[HELLO]["config"])

@@ -128,6 +128,7 @@ class Deployment:
     supernode_cmd: list[str] = field(default_factory=list)
     auth: bool = False
     node_data: Path | None = None
+    secure: bool = False  # SuperNodes answer only SecAgg+ stages (--node-config secure-aggregation=true)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)
     logs: list[IO[bytes]] = field(default_factory=list)
@@ -171,6 +172,8 @@ class Deployment:
         node_config = f"partition-id={k} num-partitions={self.nodes}"
         if self.node_data is not None:  # a TOML string value: Flower parses --node-config as TOML pairs
             node_config += f" data-path={json.dumps(str(node_data_file(self.node_data, k)))}"
+        if self.secure:
+            node_config += " secure-aggregation=true"
         node = self.start(name, [
             *self.supernode_cmd, *tls, *auth, "--superlink", f"127.0.0.1:{self.port}",
             "--node-config", node_config, "--isolation", self.isolation,
@@ -331,7 +334,7 @@ def default_out(cfg: RunConfig) -> Path:
 @contextlib.contextmanager
 def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
                      keep_workdir: bool = False, tls: bool = False, auth: bool = False,
-                     node_data: str | Path | None = None) -> Iterator[Deployment]:
+                     node_data: str | Path | None = None, secure: bool = False) -> Iterator[Deployment]:
     """A SuperLink and ``nodes`` SuperNodes (partition ``K`` of ``nodes`` each) on 127.0.0.1.
 
     Runs are submitted with :meth:`Deployment.submit` (several may run one after the
@@ -344,7 +347,9 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     SuperNode authentication; each SuperNode gets its own P-384 key, registered with
     ``flwr supernode register`` before it starts. ``node_data``: a folder of node data
     files; SuperNode ``K`` serves ``client-K.npz`` from it (``data-path``,
-    :mod:`fedhv.data.node_file`) instead of partition ``K`` of the built-in setting. On exit
+    :mod:`fedhv.data.node_file`) instead of partition ``K`` of the built-in setting. ``secure``:
+    the SuperNodes refuse plain stages (``--node-config secure-aggregation=true``; runs must use
+    ``flower.secure_aggregation = true``, :mod:`fedhv.flower.secure`). On exit
     every started process group
     is stopped; the work directory (logs, certificates) is removed unless a run failed or
     ``keep_workdir``.
@@ -386,7 +391,7 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     if poll_s is not None:
         env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
     supernode_cmd = [_bin("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
-    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir)
+    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir, secure)
     ok = False
     try:
         link = dep.start("superlink", [
@@ -413,9 +418,12 @@ def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, 
               on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False, tls: bool = False,
               auth: bool = False, resume: str | Path | None = None, node_data: str | Path | None = None) -> Path:
     """Run ``cfg`` (or ``resume`` a run directory) on a fresh :func:`local_deployment` of ``nodes``
-    SuperNodes; returns the run directory. ``on_start`` sees the deployment once every process runs."""
+    SuperNodes; returns the run directory. ``on_start`` sees the deployment once every process runs.
+    A run with ``flower.secure_aggregation = true`` gets SuperNodes that answer only SecAgg+ stages."""
+    run_cfg = cfg if cfg is not None or resume is None else resume_config(resume)
+    secure = run_cfg is not None and run_cfg.flower.secure_aggregation
     with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
-                          auth=auth, node_data=node_data) as dep:
+                          auth=auth, node_data=node_data, secure=secure) as dep:
         if on_start is not None:
             on_start(dep)
         return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume)

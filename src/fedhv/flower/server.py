@@ -54,6 +54,11 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
         f = cfg.faults
         faults = FaultInjector(corrupt_reports=f.corrupt_reports, corrupt_updates=f.corrupt_updates,
                                poison_updates=f.poison_updates, seed=seed, stream=stream) if stream == "train" else None
+        if cfg.flower.secure_aggregation:  # SecAgg+: the server learns only the means (fedhv.flower.secure)
+            from fedhv.flower.secure import SecureFlowerFederation
+
+            return SecureFlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, cfg.flower,
+                                          timeout, faults)
         return FlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, timeout,
                                 v.max_update_norm, v.max_update_norm_ratio, faults)
 

@@ -26,15 +26,25 @@ from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import set_flat
 from fedhv.sim.engine import Engine
 from fedhv.sim.local import rotate
+from fedhv.sim.memory import ChunkChoice
 from fedhv.sim.plan import ClientPlan, stack_plans
+from fedhv.sim.precision import amp_module, autocast, to_dtype
 
 
 class BatchedEngine(Engine):
-    """Lockstep engine; ``chunk`` limits how many model copies run at once (0 = all)."""
+    """Lockstep engine; ``chunk`` limits how many model copies run at once (0 = all).
+
+    ``chunk_choice`` is the :class:`~fedhv.sim.memory.ChunkChoice` behind an automatic
+    ``chunk`` (``engine_chunk = "auto"``; set by :func:`fedhv.experiment.setup.make_engine`),
+    else ``None``.
+    """
 
     def __init__(self, *args, chunk: int = 0, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
+        if chunk < 0:
+            raise ValueError(f"chunk = {chunk} must be >= 0 (0 = all model copies at once)")
         self.chunk = chunk
+        self.chunk_choice: ChunkChoice | None = None
         self._forward = self._make_forward()
 
     def _make_forward(self) -> Callable[..., list[torch.Tensor]]:
@@ -53,8 +63,8 @@ class BatchedEngine(Engine):
         set_flat(self.model, theta)
         self.model.eval()
         losses, _ = per_sample_losses(
-            self.model, self.data.train_x[all_idx], self.data.train_y[all_idx], self.eval_batch_size,
-            self.data.objective,
+            amp_module(self.model, self.precision), self.data.train_x[all_idx], self.data.train_y[all_idx],
+            self.eval_batch_size, self.data.objective,
         )
         self.model.train()
         return torch.stack([part.mean(0) for part in torch.split(losses, [len(i) for i in idx])])
@@ -79,7 +89,12 @@ class BatchedEngine(Engine):
             x = torch.where(plan.flips[:, step].view(n, 1, 1, 1, 1), x.flip(-1), x)
         y = self.data.train_y[idx].view(n, b, -1)
         masks = {site: m[:, step] for site, m in plan.masks.items()}
-        logps = self._forward(self.layout.views(params), x, masks)
+        if self.precision == "fp32":
+            logps = self._forward(self.layout.views(params), x, masks)
+        else:
+            with autocast(self.precision, self.device):
+                logps = self._forward(self.layout.views(params), x, masks)
+            logps = to_dtype(logps, self.dtype)
         return (self.data.objective.batch_losses(logps, y) * w).sum()
 
     def _chunks(self, n: int) -> list[slice]:

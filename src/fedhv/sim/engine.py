@@ -16,6 +16,11 @@ Devices: an engine computes on its model's device (``Engine.device``); the data,
 plans (drawn on the CPU, :mod:`fedhv.sim.plan`) and the task weights
 (:meth:`Engine.as_tensor`) are on that device, and so are the returned tensors.
 ``theta`` must be on it too.
+
+Precision: with ``precision = "bf16"`` every forward pass (local training, gradients,
+reports) runs under ``torch.autocast`` to bfloat16 and its outputs are cast back to the
+engine's dtype before the losses (:mod:`fedhv.sim.precision`); gradients and updates
+stay in the engine's dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from fedhv.models.base import MultiTaskModel
 from fedhv.models.params import ParamLayout, get_flat, set_flat
 from fedhv.sim.local import rotate
 from fedhv.sim.plan import ClientPlan, client_plan, report_indices
+from fedhv.sim.precision import amp_module, autocast, to_dtype
 
 
 class Engine:
@@ -49,6 +55,8 @@ class Engine:
         Separates e.g. calibration from training randomness.
     eval_batch_size : int
         Chunk size of report evaluation.
+    precision : str
+        ``"fp32"`` or ``"bf16"`` (forward passes under bfloat16 autocast).
 
     Attributes
     ----------
@@ -67,8 +75,10 @@ class Engine:
         seed: int,
         stream: str = "train",
         eval_batch_size: int = 2048,
+        precision: str = "fp32",
     ) -> None:
         self.model = model
+        self.precision = precision
         self.data = data
         self.layout = ParamLayout.of(model)
         self.local_steps = local_steps
@@ -85,6 +95,9 @@ class Engine:
             raise ValueError(
                 f"the data is on {data.train_x.device} but the model on {self.device}; put both on one device"
             )
+        if precision != "fp32" and self.dtype != torch.float32:
+            raise ValueError(f"precision = {precision!r} needs a float32 model, not {self.dtype}")
+        autocast(precision, self.device)  # rejects an unknown precision here, not in the first round
 
     def plan(self, client: int, round_idx: int, steps: int, tag: str, copy: int) -> ClientPlan:
         """The random choices of one trajectory (or gradient) of ``client``."""
@@ -140,15 +153,20 @@ class SequentialEngine(Engine):
         out = []
         for client in clients:
             idx = self.report_indices(int(client), round_idx, budget)
-            losses, _ = per_sample_losses(self.model, self.data.train_x[idx], self.data.train_y[idx],
-                                          self.eval_batch_size, self.data.objective)
+            losses, _ = per_sample_losses(amp_module(self.model, self.precision), self.data.train_x[idx],
+                                          self.data.train_y[idx], self.eval_batch_size, self.data.objective)
             out.append(losses.mean(0))
         self.model.train()
         return torch.stack(out)
 
     def _loss(self, plan: ClientPlan, step: int, w: torch.Tensor) -> torch.Tensor:
         x, y = self.batch(plan, step)
-        logps = self.model(x, {site: m[step] for site, m in plan.masks.items()})
+        if self.precision == "fp32":
+            logps = self.model(x, {site: m[step] for site, m in plan.masks.items()})
+        else:
+            with autocast(self.precision, self.device):
+                logps = self.model(x, {site: m[step] for site, m in plan.masks.items()})
+            logps = to_dtype(logps, self.dtype)
         return (self.data.objective.batch_losses(logps, y) * w).sum()
 
     def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:

@@ -1,0 +1,105 @@
+"""The ``[flower]`` configuration section: secure aggregation on the Flower back-end.
+
+Kept apart from :mod:`fedhv.config.schema` (which only names the section and calls
+:func:`check_flower`), so the numbers behind the defaults live next to them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fedhv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedhv.config.schema import RunConfig
+
+#: Methods whose every stage needs only the *mean* of the clients' replies (maskable by SecAgg+).
+#: FedHV and Uniform: one stage, mean update and mean report. FSMGDA: one stage, the per-task
+#: mean updates ``Dbar_i`` (the min-norm weights are computed from the means). FedCMOO is not
+#: one of them: its gradient stage returns every client's gradients ``G_k``, from which the
+#: server sketches ``C_k`` per client and checks the first local step ``W @ G_k`` per client.
+SECURE_METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda")
+
+#: flwr 1.42's SecAgg+ quantizes every value to an integer in ``[0, Q]`` with ``Q = 2**22`` and
+#: sums modulo ``2**32``: ``n`` clients' sum stays below the modulus only for ``n * Q < 2**32``.
+QUANTIZATION_RANGE = 2**22
+MODULUS_RANGE = 2**32
+MAX_SECURE_CLIENTS = MODULUS_RANGE // QUANTIZATION_RANGE - 1
+
+
+@dataclass(frozen=True)
+class FlowerConfig:
+    """Flower back-end options (``[flower]``); the simulator (``fedhv run``) ignores them.
+
+    Attributes
+    ----------
+    secure_aggregation : bool
+        Aggregate every stage with SecAgg+ (flwr's ``SecAggPlusWorkflow`` and
+        ``secaggplus_mod``): the server learns only the mean of the clients' updates and
+        reports (``fedhv flower local --secure``; docs/security.md).
+    num_shares : int or float
+        SecAgg+ ``num_shares``: an integer ``>= 3`` = the shares (neighbours) per client; a
+        float in ``(0, 1]`` = that fraction of the round's clients (``1.0``: every client
+        is every other's neighbour, plain SecAgg).
+    reconstruction_threshold : int or float
+        SecAgg+ ``reconstruction_threshold``: an integer ``>= 2`` (below ``num_shares``) =
+        shares needed to recover a client's secrets; a float in ``(0, 1]`` = that fraction
+        of ``num_shares`` (rounded, at least 2). A round in which some client keeps fewer live
+        neighbours than this is skipped. Default ``0.67``: more than half of the shares for
+        every share count, so a server that tells some neighbours a client dropped and others
+        that it did not cannot collect both of its secrets (docs/security.md).
+    clipping_range : float
+        Every masked value is clipped to ``[-c, c]`` and quantized with step
+        ``2c / 2**22``. Default ``c = 16``: the largest update coordinate measured in the
+        built-in settings is below 1 and reports (task losses) stay below 16 (docs/flower.md,
+        "Secure aggregation"); quantization step ``7.6e-6``.
+    """
+
+    secure_aggregation: bool = False
+    num_shares: int | float = 1.0
+    reconstruction_threshold: int | float = 0.67
+    clipping_range: float = 16.0
+
+
+def check_flower(cfg: RunConfig) -> None:
+    """Refuse ``[flower]`` values that SecAgg+ cannot run, each with its parameter, value and fix.
+
+    Only checked with ``secure_aggregation = true``.
+    """
+    f = cfg.flower
+    if not f.secure_aggregation:
+        return
+    if cfg.method not in SECURE_METHODS:
+        why = ("FedCMOO's gradient stage needs every client's own gradients G_k (the server sketches each "
+               "and checks each first step W @ G_k), which SecAgg+ cannot mask" if cfg.method == "fedcmoo"
+               else "only methods that need nothing but the mean of the replies can be masked")
+        raise ConfigError(f"flower.secure_aggregation = true with method = {cfg.method!r}: {why}; use method "
+                          f"fedhv, uniform or fsmgda, or flower.secure_aggregation = false")
+    n = cfg.train.clients_per_round
+    if not 2 <= n <= MAX_SECURE_CLIENTS:
+        raise ConfigError(f"train.clients_per_round = {n} with flower.secure_aggregation = true: SecAgg+ needs 2 to "
+                          f"{MAX_SECURE_CLIENTS} clients per round (the masked sum is modulo 2**32 of values up to "
+                          "2**22); change train.clients_per_round")
+    shares = f.num_shares
+    if isinstance(shares, int):
+        if not 3 <= shares <= n:
+            raise ConfigError(f"flower.num_shares = {shares}: an integer must be between 3 and "
+                              f"train.clients_per_round = {n}; or give a fraction of the clients, e.g. 1.0")
+    elif not 0 < shares <= 1:
+        raise ConfigError(f"flower.num_shares = {shares}: a fraction must be in (0, 1], e.g. 1.0 (every client)")
+    t = f.reconstruction_threshold
+    if isinstance(t, int):
+        if t < 2 or (isinstance(shares, int) and t >= shares):
+            raise ConfigError(f"flower.reconstruction_threshold = {t}: an integer must be >= 2 and below "
+                              f"flower.num_shares = {shares}; or give a fraction of the shares, e.g. 0.67")
+    elif not 0 < t <= 1:
+        raise ConfigError(f"flower.reconstruction_threshold = {t}: a fraction must be in (0, 1], e.g. 0.67")
+    c = f.clipping_range
+    if not (math.isfinite(c) and c > 0):
+        raise ConfigError(f"flower.clipping_range = {c} must be a positive number, e.g. 16")
+    if cfg.validation.max_update_norm_ratio:
+        raise ConfigError(f"validation.max_update_norm_ratio = {cfg.validation.max_update_norm_ratio} with "
+                          "flower.secure_aggregation = true: the server never sees a client's update norm to "
+                          "compare with the median; set it to 0 (validation.max_update_norm is checked on the nodes)")
