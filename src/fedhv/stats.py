@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from fedhv.config.loader import apply_overrides, build, load_setting
-from fedhv.config.schema import STRATA, RunConfig, _choice, _positive, _seed
+from fedhv.config.schema import STRATA, RunConfig, _choice, _seed, validate_partition_keys
 from fedhv.data.heterogeneity import Heterogeneity, client_task_tv, iid_partition
 from fedhv.data.partition import dirichlet_partition
-from fedhv.errors import ConfigError
 from fedhv.objectives import MultiLabel
 from fedhv.registry import resolve_benchmark
 
@@ -53,14 +52,7 @@ def validate_partition(cfg: RunConfig) -> None:
     for name, value in (("partition.seed", cfg.partition.seed), ("data.pair_seed", cfg.data.pair_seed),
                         ("data.val_seed", cfg.data.val_seed)):
         _seed(name, value)
-    if not 0.0 <= cfg.data.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
-    p = cfg.partition
-    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
-    if p.clients < 1:
-        raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
-    if p.samples_per_client < 1:
-        raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+    validate_partition_keys(cfg)
 
 
 def load_partition_config(setting: str, overrides: Iterable[str] = ()) -> RunConfig:

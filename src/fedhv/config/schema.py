@@ -353,6 +353,20 @@ def _positive(name: str, value: float, fix: str = "") -> None:
         raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
 
 
+def validate_partition_keys(cfg: RunConfig) -> None:
+    """The checks of the values a partition depends on (``data.val_fraction``, ``partition.*``
+    sizes and concentration); part of :func:`validate`, and all that ``fedhv partition-stats``
+    needs besides the seeds, strata and benchmark."""
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
+    p = cfg.partition
+    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
+    if p.clients < 1:
+        raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
+    if p.samples_per_client < 1:
+        raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+
+
 def validate(cfg: RunConfig) -> None:
     """Check every value that can be checked without data.
 
@@ -388,16 +402,10 @@ def validate(cfg: RunConfig) -> None:
                           "set dtype = \"float32\" or precision = \"fp32\"")
     if cfg.threads < 0:
         raise ConfigError(f"threads = {cfg.threads} must be >= 0 (0 = torch default)")
-    if not 0.0 <= cfg.data.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
+    validate_partition_keys(cfg)
     if cfg.data.max_test_samples < 0:
         raise ConfigError(f"data.max_test_samples = {cfg.data.max_test_samples} must be >= 0 (0 = all)")
     p = cfg.partition
-    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
-    if p.clients < 1:
-        raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
-    if p.samples_per_client < 1:
-        raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
     t = cfg.train
     if not 1 <= t.clients_per_round <= p.clients:
         raise ConfigError(
