@@ -71,3 +71,4 @@ def small_grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["grid", "multimnist", "--methods", "uniform,fedhv", "--seeds", "0,1", "--rounds", "3",
                  "--out", str(out), "--workers", "1", "--threads", "1", "--quiet", *sets]) == 0
     return out
+

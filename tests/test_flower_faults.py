@@ -81,7 +81,7 @@ def test_supernode_killed_mid_round_is_dropped(flower_deployment: Deployment, tm
     clients after the stage timeout, the loss is counted in ``dropped_clients`` and the run
     completes. Runs last: the deployment has one node less afterwards. The timeout is generous
     (a live node must answer within it even on a loaded machine): it is waited once."""
-    timeout = 20.0
+    timeout = 10.0
     cfg = load_config("multimnist", [*SMALL, f"partition.clients={NODES}", f"train.clients_per_round={NODES}",
                                      'method="uniform"', "rounds=2", "eval.test_period=2", "seed=5"])
     victim_name = f"supernode-{NODES - 1}"

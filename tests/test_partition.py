@@ -78,3 +78,15 @@ def test_partition_rows_are_exact_for_any_feasible_request(
     assert parts.shape == (clients, size)
     assert parts.min() >= 0 and parts.max() < n
     assert all(len(set(row.tolist())) == size for row in parts)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_request_the_pool_can_fill_exactly_is_not_recycled(seed: int) -> None:
+    # One client taking all six samples: after the Dirichlet step (floor(p_k * S) per stratum)
+    # the leftovers exactly fill the row, so nothing may be reshuffled or reported as recycled.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a "recycled" warning fails the test
+        parts = dirichlet_partition(np.array([0, 0, 0, 1, 1, 1]), 1, 6, 1e6, seed)
+    assert sorted(parts[0].tolist()) == list(range(6))
