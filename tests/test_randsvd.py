@@ -84,3 +84,17 @@ def test_compress_reconstruction_shape() -> None:
     g = torch.randn(500, 2)
     c, (left, right) = compress(g, compression_rank(500, 2), torch.Generator().manual_seed(0))
     assert c.shape == g.shape and left.shape[1] == right.shape[1] == compression_rank(500, 2)
+
+
+def test_short_wide_matrix_sketch_is_capped_by_its_rows() -> None:
+    """A 3 x 20 matrix asked for rank 5: the sketch has q = min(rank + floor(0.1 rank), rows, cols) = 3
+    columns, so the factors reproduce the matrix exactly and the generator advances by exactly
+    20 x 3 float64 normals (later sketches drawn from the same stream stay where they were)."""
+    a = torch.randn(3, 20, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    left, right = randomized_svd(a, 5, gen)
+    assert left.shape == (3, 3) and right.shape == (20, 3)
+    torch.testing.assert_close(left @ right.T, a, rtol=0, atol=1e-12)
+    ref = torch.Generator().manual_seed(0)
+    torch.randn(20, 3, generator=ref, dtype=torch.float64)
+    assert torch.equal(torch.randn(4, generator=gen), torch.randn(4, generator=ref))
