@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from fedhv.config.loader import apply_overrides, build, load_setting
-from fedhv.config.schema import STRATA, RunConfig, _choice, _seed, validate_partition_keys
+from fedhv.config.schema import STRATA, RunConfig
+from fedhv.config.validation import _choice, _seed, validate_partition_keys
 from fedhv.data.heterogeneity import Heterogeneity, client_task_tv, iid_partition
 from fedhv.data.partition import dirichlet_partition
 from fedhv.objectives import MultiLabel
@@ -45,7 +46,7 @@ def validate_partition(cfg: RunConfig) -> None:
     ------
     ConfigError
         Naming the parameter, the value and the fix (the same messages as
-        :func:`fedhv.config.schema.validate`).
+        :func:`fedhv.config.validation.validate`).
     """
     resolve_benchmark(cfg.data.benchmark)
     _choice("partition.strata", cfg.partition.strata, STRATA)

@@ -24,7 +24,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from fedhv.config.schema import METHODS, RunConfig, validate
+from fedhv.config.schema import METHODS, RunConfig
+from fedhv.config.validation import validate
 from fedhv.errors import ConfigError
 
 PRESET_PACKAGE = "fedhv.config"

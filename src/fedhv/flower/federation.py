@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -180,13 +180,7 @@ class FlowerFederation(FederationAccounting):
             raise NoValidReplies(self.dropped, self.rejected)
         self._check_first_step(request)
         messages, sent_to, down = [], {}, []
-        for c in self._clients.tolist():
-            node = self.nodes.node(c)
-            if node is None:
-                self._drop(c, "no SuperNode holds its partition")
-                continue
-            content = stage_content(theta, request, self.round_idx, self.seed, self.stream, self.sha, c,
-                                    self.num_tasks, self.stages + 1)  # the simulator's stage key
+        for c, node, content in self._stage_contents(theta, request):
             down.append(content_bytes(content))
             messages.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                     group_id=f"{self.stream}-{self.seed}-{self.round_idx + 1}"))
@@ -198,6 +192,17 @@ class FlowerFederation(FederationAccounting):
         self.bytes_down += round(float(np.mean(down))) if down else 0
         got = self._collect(replies, sent_to)
         return self._validated(got, request, theta)
+
+    def _stage_contents(self, theta: torch.Tensor, request: Request) -> Iterator[tuple[int, int, RecordDict]]:
+        """``(client, node, content)`` of this stage for every remaining client; a client whose
+        partition no SuperNode holds is dropped."""
+        for c in self._clients.tolist():
+            node = self.nodes.node(c)
+            if node is None:
+                self._drop(c, "no SuperNode holds its partition")
+                continue
+            yield c, node, stage_content(theta, request, self.round_idx, self.seed, self.stream, self.sha, c,
+                                         self.num_tasks, self.stages + 1)  # the simulator's stage key
 
     def _collect(self, replies: Iterable[Message], sent_to: dict[int, int]) -> dict[int, ClientReply]:
         got: dict[int, ClientReply] = {}

@@ -67,7 +67,7 @@ from fedhv.algorithms.validation import NoValidReplies, is_non_finite
 from fedhv.config.flower import MODULUS_RANGE, QUANTIZATION_RANGE
 from fedhv.config.schema import FlowerConfig
 from fedhv.flower.federation import FlowerFederation, FlowerSetupError, NodeMap, round_trip
-from fedhv.flower.protocol import PAYLOAD, STAGE, content_bytes, stage_content
+from fedhv.flower.protocol import PAYLOAD, STAGE, content_bytes
 from fedhv.flower.secure_client import STAGE_JSON, unpack
 from fedhv.sim.faults import FaultInjector
 
@@ -222,13 +222,7 @@ class SecureFlowerFederation(FlowerFederation):
                                    "asks for gradients or client-held tensors (use fedhv, uniform or fsmgda)")
         strategy, by_node = MeanStrategy(), {}
         params = ndarrays_to_parameters([theta.detach().cpu().numpy()])
-        for c in self._clients.tolist():
-            node = self.nodes.node(c)
-            if node is None:
-                self._drop(c, "no SuperNode holds its partition")
-                continue
-            content = stage_content(theta, request, self.round_idx, self.seed, self.stream, self.sha, c,
-                                    self.num_tasks, self.stages + 1)
+        for c, node, content in self._stage_contents(theta, request):
             config: dict[str, Scalar] = {STAGE_JSON: json.dumps(dict(content.config_records[STAGE]))}
             if PAYLOAD in content.config_records:
                 config["fedhv.payload"] = json.dumps(dict(content.config_records[PAYLOAD]))

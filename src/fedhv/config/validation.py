@@ -1,0 +1,206 @@
+"""Validation of a resolved :class:`~fedhv.config.schema.RunConfig`: every value that can be
+checked without data, each failure one line naming the key, the value and the fix."""
+
+from __future__ import annotations
+
+from fedhv.config.flower import check_flower
+from fedhv.config.schema import DTYPES, ENGINES, PRECISIONS, STRATA, RunConfig, ValidationConfig
+from fedhv.devices import check_device
+from fedhv.errors import ConfigError
+from fedhv.registry import METHODS as REGISTERED_METHODS
+from fedhv.registry import resolve_benchmark
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(
+            f"{name} = {value!r} is not supported; choose one of {', '.join(options)}"
+        )
+
+
+#: Seeds are keyed into :mod:`fedhv.rng` streams as 32-bit words (``fedhv.rng._key_to_int``
+#: keeps ``seed & 0xFFFFFFFF``), so only ``0 <= seed < 2**32`` names a distinct stream; larger
+#: or negative seeds would silently alias another seed and are refused.
+SEED_BOUND = 2**32
+
+
+def _seed(name: str, value: int) -> None:
+    """Refuse a seed outside ``[0, 2**32)`` (it would alias a seed inside the range)."""
+    if not 0 <= value < SEED_BOUND:
+        raise ConfigError(
+            f"{name} = {value} is out of range; seeds must be integers in [0, 2**32 - 1 = {SEED_BOUND - 1}] "
+            f"(random streams are keyed by 32-bit seeds, so {value} would silently equal seed {value % SEED_BOUND})"
+        )
+
+
+def _validation(v: ValidationConfig) -> None:
+    """Check the ``validation`` section (bounds: 0 = off)."""
+    if not v.max_update_norm >= 0:
+        raise ConfigError(f"validation.max_update_norm = {v.max_update_norm} must be >= 0 (0 = no bound), e.g. 100")
+    for name in ("max_update_norm_ratio", "max_model_growth"):
+        value = getattr(v, name)
+        if not (value == 0 or value > 1):
+            raise ConfigError(f"validation.{name} = {value} must be 0 (off) or > 1, e.g. 10")
+    if v.divergence_rounds < 0:
+        raise ConfigError(f"validation.divergence_rounds = {v.divergence_rounds} must be >= 0 (0 = never stop), e.g. 3")
+
+
+def _positive(name: str, value: float, fix: str = "") -> None:
+    if not value > 0:
+        raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
+
+
+def validate_partition_keys(cfg: RunConfig) -> None:
+    """The checks of the values a partition depends on (``data.val_fraction``, ``partition.*``
+    sizes and concentration); part of :func:`validate`, and all that ``fedhv partition-stats``
+    needs besides the seeds, strata and benchmark."""
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
+    p = cfg.partition
+    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
+    if p.clients < 1:
+        raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
+    if p.samples_per_client < 1:
+        raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check every value that can be checked without data.
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter, the value and the fix.
+    """
+    REGISTERED_METHODS.get(cfg.method)  # one line naming the key, the value, the known methods and the fix
+    _choice("engine", cfg.engine, ENGINES)
+    _choice("dtype", cfg.dtype, DTYPES)
+    check_device(cfg.device)
+    resolve_benchmark(cfg.data.benchmark)  # a registered name, or an importable 'module:attr' factory
+    _choice("partition.strata", cfg.partition.strata, STRATA)
+    if cfg.rounds < 1:
+        raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")
+    if not cfg.setting.strip() or cfg.setting in (".", "..") or any(c in cfg.setting for c in "/\\\0"):
+        raise ConfigError(
+            f"setting = {cfg.setting!r} names run directories; use a plain name without '/', '\\' or '..'"
+        )
+    _seed("seed", cfg.seed)
+    _seed("partition.seed", cfg.partition.seed)
+    _seed("data.pair_seed", cfg.data.pair_seed)
+    _seed("data.val_seed", cfg.data.val_seed)
+    for i, calibration_seed in enumerate(cfg.calibration.seeds):
+        _seed(f"calibration.seeds[{i}]", calibration_seed)
+    if cfg.engine_chunk != "auto" and not (isinstance(cfg.engine_chunk, int) and cfg.engine_chunk >= 0):
+        raise ConfigError(f"engine_chunk = {cfg.engine_chunk!r} must be \"auto\" (fit the available memory), "
+                          "0 (all model copies at once) or a positive number of copies")
+    _choice("precision", cfg.precision, PRECISIONS)
+    if cfg.precision == "bf16" and cfg.dtype != "float32":
+        raise ConfigError(f"precision = \"bf16\" needs dtype = \"float32\" (got dtype = {cfg.dtype!r}); "
+                          "set dtype = \"float32\" or precision = \"fp32\"")
+    if cfg.threads < 0:
+        raise ConfigError(f"threads = {cfg.threads} must be >= 0 (0 = torch default)")
+    validate_partition_keys(cfg)
+    if cfg.data.max_test_samples < 0:
+        raise ConfigError(f"data.max_test_samples = {cfg.data.max_test_samples} must be >= 0 (0 = all)")
+    p = cfg.partition
+    t = cfg.train
+    if not 1 <= t.clients_per_round <= p.clients:
+        raise ConfigError(
+            f"train.clients_per_round = {t.clients_per_round} must be between 1 and "
+            f"partition.clients = {p.clients}; lower it or raise partition.clients"
+        )
+    if t.batch_size < 1:
+        raise ConfigError(f"train.batch_size = {t.batch_size} must be >= 1")
+    if t.batch_size > p.samples_per_client:
+        raise ConfigError(
+            f"train.batch_size = {t.batch_size} exceeds partition.samples_per_client = "
+            f"{p.samples_per_client}; batches drop the last partial batch, so no batch could be drawn"
+        )
+    if t.local_steps < 1:
+        raise ConfigError(f"train.local_steps = {t.local_steps} must be >= 1 (K local SGD steps)")
+    if not 0.0 <= t.momentum < 1.0:
+        raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
+    for key, rates in cfg.lr.items():
+        _choice("lr table key", key, REGISTERED_METHODS.names())
+        _positive(f"lr.{key}.global", rates.global_, "a learning rate must be positive, e.g. 1.0 (server)")
+        _positive(f"lr.{key}.local", rates.local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
+    if t.lr_global is not None:
+        _positive("train.lr_global", t.lr_global, "a learning rate must be positive, e.g. 1.0 (server)")
+    if t.lr_local is not None:
+        _positive("train.lr_local", t.lr_local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
+    e = cfg.eval
+    if e.test_period < 0:
+        raise ConfigError(f"eval.test_period = {e.test_period} must be >= 0 (0 = final evaluation only)")
+    if e.batch_size < 1:
+        raise ConfigError(f"eval.batch_size = {e.batch_size} must be >= 1")
+    for split in e.splits:
+        _choice("eval.splits entry", split, ("val", "test"))
+    # The summary and the tables report the test metrics: refuse a run that never evaluates them.
+    if "test" not in e.splits:
+        raise ConfigError(
+            f"eval.splits = {list(e.splits)} has no \"test\": the run would never evaluate the test set that "
+            "summary.json reports; add it, e.g. eval.splits = [\"test\", \"val\"]"
+        )
+    if not e.final and (e.test_period == 0 or e.test_period > cfg.rounds):
+        raise ConfigError(
+            f"eval.test_period = {e.test_period} with eval.final = false and rounds = {cfg.rounds} never evaluates "
+            "the test set; set eval.final = true or eval.test_period between 1 and rounds"
+        )
+    h = cfg.fedhv
+    _positive("fedhv.rho_clip", h.rho_clip, "the slack floor must be positive, e.g. 1e-6")
+    if isinstance(h.report_batches, str):
+        if h.report_batches != "all":
+            raise ConfigError(
+                f"fedhv.report_batches = {h.report_batches!r}: use \"all\" or a positive integer"
+            )
+    elif h.report_batches < 1:
+        raise ConfigError(f"fedhv.report_batches = {h.report_batches} must be >= 1 or \"all\"")
+    if isinstance(h.reference, str):
+        _choice("fedhv.reference", h.reference, ("calibrate", "paper"))
+    else:
+        for i, r in enumerate(h.reference):
+            if not r > 0:
+                raise ConfigError(
+                    f"fedhv.reference[{i}] = {r} gives a non-positive slack r_i - f_i for any "
+                    "non-negative loss; give a reference above the task losses or use "
+                    "fedhv.reference = \"calibrate\""
+                )
+    f = cfg.fsmgda
+    if f.max_iter < 1 or not f.tol > 0:
+        raise ConfigError(f"fsmgda.max_iter = {f.max_iter} must be >= 1 and fsmgda.tol = {f.tol} > 0")
+    g = cfg.fedcmoo
+    _choice("fedcmoo.estimator", g.estimator, ("randsvd", "randsvd-direct"))
+    _positive("fedcmoo.extra_upload", g.extra_upload)
+    _positive("fedcmoo.weight_lr", g.weight_lr)
+    if g.oversample < 0 or g.power_iterations < 0 or g.weight_steps < 1 or not 0 <= g.weight_momentum < 1:
+        raise ConfigError(
+            "fedcmoo: oversample and power_iterations must be >= 0, weight_steps >= 1, weight_momentum in [0, 1); "
+            f"got {g.oversample}, {g.power_iterations}, {g.weight_steps}, {g.weight_momentum}"
+        )
+    c = cfg.calibration
+    if c.rounds < 1:
+        raise ConfigError(f"calibration.rounds = {c.rounds} must be >= 1")
+    if c.margin < 0:
+        raise ConfigError(f"calibration.margin = {c.margin} must be >= 0 (paper: 0.15)")
+    if c.partition_alpha is not None:
+        _positive("calibration.partition_alpha", c.partition_alpha)
+    if c.partition_strata is not None:
+        _choice("calibration.partition_strata", c.partition_strata, STRATA)
+    d = cfg.data
+    if d.rotation_degrees is not None and d.rotation_degrees < 0:
+        raise ConfigError(f"data.rotation_degrees = {d.rotation_degrees} must be >= 0 (0 = no rotation)")
+    if d.flip_prob is not None and not 0 <= d.flip_prob <= 1:
+        raise ConfigError(f"data.flip_prob = {d.flip_prob} must be in [0, 1]")
+    if not c.seeds:
+        raise ConfigError("calibration.seeds is empty; give at least one seed, e.g. [0]")
+    for name in ("client_dropout", "corrupt_reports", "corrupt_updates", "poison_updates"):
+        value = getattr(cfg.faults, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"faults.{name} = {value} must be a probability in [0, 1) (0 = no faults)")
+    _validation(cfg.validation)
+    check_flower(cfg)
+    if cfg.checkpoint.period < 0:
+        raise ConfigError(
+            f"checkpoint.period = {cfg.checkpoint.period} must be >= 0 (0 = at every test evaluation); "
+            "to turn checkpoints off use checkpoint.enabled = false"
+        )
