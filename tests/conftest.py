@@ -27,8 +27,49 @@ DATA_ROOT = _data_root()
 
 @pytest.fixture(scope="session", autouse=True)
 def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Real data, and one derived-data cache per test session: shared by the xdist workers
+    (their base folders ``popen-gwN`` sit in one session folder), so the CIFAR-10 JPEGs are
+    decoded once per session, not once per worker (``fedhv.data.cache`` locks each build)."""
     os.environ["FEDHV_DATA"] = str(DATA_ROOT)
-    os.environ.setdefault("FEDHV_CACHE", str(tmp_path_factory.mktemp("fedhv-cache")))
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    cache = shared / "fedhv-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ.setdefault("FEDHV_CACHE", str(cache))
+
+
+#: Test files by their cost on 2 cores, the heaviest first. With ``--no-loadscope-reorder``
+#: (pyproject) the xdist scheduler hands work units out in collection order (one to each
+#: worker, then the next to whichever runs dry), so the long Flower deployments start at once
+#: instead of being left for the end of the run.
+HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py", "test_engines.py",
+               "test_cifar.py", "test_celeba.py", "test_node_data.py", "test_grid_safety.py", "test_resume.py"]
+
+#: Files that share a session fixture form one xdist work unit (one worker, so the fixture is
+#: built once): the Flower deployment (``test_flower_faults.py``'s SuperNode kill runs after
+#: every other user of it, by file order) and the small grid of the result-reading tests.
+SHARED_UNITS = {"test_flower.py": "flower_deployment", "test_flower_faults.py": "flower_deployment",
+                "test_i16_outputs.py": "small_grid", "test_results_robust.py": "small_grid"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with the :data:`SHARED_UNITS` files merged into one unit each
+    (any other ``--dist`` mode: xdist's own scheduler)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_UNITS.get(scope.rsplit("/", 1)[-1], scope)
+
+    return SharedFixtureScheduling(config, log)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -6,16 +6,26 @@ folder, flushed and ``fsync``'ed, renamed over the target, then the folder is
 A reader therefore sees the previous or the new file, never a partial one. A cache
 file that cannot be read for any reason (truncated ``.npz`` -> ``zipfile.BadZipFile``,
 CRC errors, a missing member, ...) is treated as absent and rebuilt.
+
+Concurrent processes (a grid's workers, parallel runs, test workers) sharing one cache
+folder build each entry once: :func:`fetch_arrays` builds under an exclusive advisory
+lock (``fcntl.flock`` on ``.locks/name-key.npz.lock`` in the cache folder; lock
+files are kept, since removing one races with a process waiting on it) and loads again once it holds it, so a
+process that waited for another's build loads the result instead of decoding the
+sources a second time. The kernel releases the lock when its holder dies (a killed
+builder never blocks the others); without ``fcntl`` (Windows) or a writable folder the
+build simply runs unlocked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -90,6 +100,32 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def build_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive advisory lock on ``.locks/<name of path>.lock`` while building ``path``.
+
+    Yields ``True`` when the lock is held, ``False`` when no lock could be taken (no
+    ``fcntl``, or a folder that cannot be written): the caller then builds unlocked.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield False
+        return
+    try:
+        locks = path.parent / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f"{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for another process's build of the same entry
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def fetch_arrays(
     name: str, key: str, build: Callable[[], dict[str, np.ndarray]], enabled: bool = True
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -102,14 +138,17 @@ def fetch_arrays(
         ``{"file": path, "status": "loaded" | "built" | "built, not saved" | "disabled"}``.
     """
     path = cache_root() / f"{name}-{key}.npz"
-    if enabled:
-        arrays = load_arrays(path)
+    if not enabled:
+        return build(), {"file": None, "status": "disabled"}
+    arrays = load_arrays(path)
+    if arrays is not None:
+        return arrays, {"file": str(path), "status": "loaded"}
+    with build_lock(path):
+        arrays = load_arrays(path)  # another process may have built it while this one waited
         if arrays is not None:
             return arrays, {"file": str(path), "status": "loaded"}
-    arrays = build()
-    if not enabled:
-        return arrays, {"file": None, "status": "disabled"}
-    failed = save_arrays(path, arrays)
+        arrays = build()
+        failed = save_arrays(path, arrays)
     return arrays, {"file": str(path), "status": "built" if failed is None else "built, not saved"}
 
 
