@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.validation import ClientReply
+from fedhv.config import to_dict
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -50,6 +53,27 @@ def node_data(data: FederatedData, client: int) -> FederatedData:
     parts[client] = torch.arange(len(own), device=own.device)
     return dataclasses.replace(data, train_x=data.train_x[own].clone(), train_y=data.train_y[own].clone(),
                                parts=parts, eval_sets={})
+
+
+_DATA: dict[str, FederatedData] = {}
+
+
+def partition_data(cfg: RunConfig, client: int) -> FederatedData:
+    """:func:`node_data` of the built-in setting, kept for the next run of the same data.
+
+    A long-lived ClientApp process serves run after run (a grid, a resumed run, the tests);
+    the node's samples depend only on ``[data]``, ``[partition]``, ``dtype``, ``device`` and
+    the data / cache folders, so a run that changes anything else (seed, method, rounds,
+    learning rates) reuses them instead of loading the benchmark again. One entry is kept.
+    The tensors are never written to (engines only gather from them).
+    """
+    d = to_dict(cfg)
+    key = json.dumps([d["data"], d["partition"], cfg.dtype, cfg.device, client, os.environ.get("FEDHV_DATA"),
+                      os.environ.get("FEDHV_CACHE")], sort_keys=True, default=str)
+    if key not in _DATA:
+        _DATA.clear()
+        _DATA[key] = node_data(federated_data(cfg), client)
+    return _DATA[key]
 
 
 @dataclass
@@ -118,7 +142,7 @@ class NodeWorker:
             self.model = new_model(cfg, self.data, cfg.seed)
             self._check_fits(data_path)
         else:
-            self.data = node_data(federated_data(cfg), partition)
+            self.data = partition_data(cfg, partition)
             self.model = new_model(cfg, self.data, cfg.seed)
 
     @property
