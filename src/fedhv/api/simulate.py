@@ -75,14 +75,20 @@ class _Sim:
     adapter: ModuleAdapter
     data: FederatedData
     engine_kind: str
+    precision: str = "fp32"
 
 
-def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str) -> _Sim:
+def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str, precision: str = "fp32") -> _Sim:
     if not isinstance(data, FederatedDataset):
         raise ConfigError(f"data has type {type(data).__name__}; build it with fedhv.FederatedDataset.from_tensors or .from_datasets")
     if engine not in ("batched", "sequential"):
         raise ConfigError(f"engine = {engine!r} is unknown; use \"batched\" or \"sequential\"")
     first = next(model.parameters())
+    if precision not in ("fp32", "bf16"):
+        raise ConfigError(f"precision = {precision!r} is unknown; use \"fp32\" or \"bf16\"")
+    if precision == "bf16" and first.dtype != torch.float32:
+        raise ConfigError(f"precision = \"bf16\" needs a float32 model (its parameters are {first.dtype}); "
+                          "call model.float() or use precision = \"fp32\"")
     fd = data.federated(first.dtype, first.device)
     adapter = ModuleAdapter(model, fd.task_names, fd.train_x[:2], heads)
     if engine == "batched":
@@ -91,14 +97,14 @@ def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str) 
             warnings.warn(f"torch.func.vmap cannot run this model ({problem}); using the sequential engine",
                           RuntimeWarning, stacklevel=3)
             engine = "sequential"
-    return _Sim(adapter, fd, engine)
+    return _Sim(adapter, fd, engine, precision)
 
 
 def _engine(sim: _Sim, model: nn.Module, seed: int, stream: str, local_steps: int, batch_size: int,
             lr_local: float, momentum: float) -> Engine:
     cls = BatchedEngine if sim.engine_kind == "batched" else SequentialEngine
     return cls(model, sim.data, local_steps=local_steps, batch_size=batch_size, lr_local=lr_local,  # type: ignore[arg-type]
-               momentum=momentum, seed=seed, stream=stream)
+               momentum=momentum, seed=seed, stream=stream, precision=sim.precision)
 
 
 def _check(data: FederatedData, clients_per_round: int, rounds: int) -> None:
@@ -135,15 +141,16 @@ def _calibrate(sim: _Sim, rounds: int, margin: float, seeds: tuple[int, ...], lr
 def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, margin: float = 0.15,
               seeds: tuple[int, ...] = (0,), lr_global: float = 1.0, clients_per_round: int | None = None,
               local_steps: int = 10, batch_size: int = 32, lr_local: float = 0.1, momentum: float = 0.0,
-              engine: str = "batched", heads: str = "heads", report_batches: int | str = "all") -> CalibrationResult:
+              engine: str = "batched", heads: str = "heads", report_batches: int | str = "all",
+              precision: str = "fp32") -> CalibrationResult:
     """FedHV's reference from a uniform-weight run: ``r_i = max_{seed, t} F_i^t + margin``.
 
-    Training settings as in :func:`simulate`; ``report_batches`` as ``FedHV(report_batches=)``
+    Training settings (and ``precision``) as in :func:`simulate`; ``report_batches`` as ``FedHV(report_batches=)``
     (how clients compute their reports). The maths is
     :func:`fedhv.experiment.calibration.calibration_from_records`, shared with ``fedhv run``.
     Returns the calibration (``.reference``, ``.max_report``, ``.reports``, bytes, seconds).
     """
-    sim = _prepare(model, data, engine, heads)
+    sim = _prepare(model, data, engine, heads, precision)
     cpr = clients_per_round or min(10, sim.data.num_clients)
     _check(sim.data, cpr, rounds)
     if rounds < 1:
@@ -156,13 +163,18 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
              clients_per_round: int | None = None, local_steps: int = 10, batch_size: int = 32,
              lr_local: float = 0.1, momentum: float = 0.0, seed: int = 0, engine: str = "batched",
              eval_every: int = 1, heads: str = "heads", out: str | Path | None = None, name: str = "custom",
-             overwrite: bool = False) -> History:
+             overwrite: bool = False, precision: str = "fp32") -> History:
     """Train ``model`` federatedly on ``data`` with ``method`` for ``rounds`` rounds.
 
     Each round samples ``clients_per_round`` of the ``N`` clients (keyed by ``seed``); each runs
     ``local_steps`` SGD steps (``lr_local``, ``momentum``) on ``sum_i w_i l_i`` over minibatches of
     ``batch_size``; the server applies the method's update. The test set (if any) is evaluated
     every ``eval_every`` rounds and after the last.
+
+    ``precision = "bf16"`` runs every forward pass of the clients (reports, gradients, local
+    training) under bfloat16 autocast with float32 parameters, updates and losses, as the
+    config key ``precision`` does for ``fedhv run`` (:mod:`fedhv.sim.precision`); the test
+    evaluation stays in the model's dtype.
 
     ``out`` writes the run directory of ``fedhv run`` (:mod:`fedhv.api.output`: ``config.toml``
     with ``setting = name``, ``environment.json``, ``calibration.json``, ``rounds.jsonl``,
@@ -171,13 +183,14 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
     ``fedhv table`` / ``fedhv plot`` read it.
     """
     method = method or FedHV()
-    sim = _prepare(model, data, engine, heads)
+    sim = _prepare(model, data, engine, heads, precision)
     cpr = clients_per_round or min(10, sim.data.num_clients)
     _check(sim.data, cpr, rounds)
     if eval_every < 1:
         raise ConfigError(f"eval_every = {eval_every} must be >= 1 (evaluate every n rounds)")
     train: dict[str, Any] = {"local_steps": local_steps, "batch_size": batch_size, "lr_local": lr_local, "momentum": momentum}
     config = {"setting": name, "method": method.name, "seed": seed, "rounds": rounds, "engine": sim.engine_kind,
+              "precision": precision,
               "source": "fedhv.simulate", "model": type(model).__qualname__,
               "train": {"clients_per_round": cpr, "lr_global": method.lr_global, **train},
               "eval": {"test_period": eval_every, "final": True},

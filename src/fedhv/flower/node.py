@@ -176,7 +176,7 @@ class NodeWorker:
         c = self.cfg
         return SequentialEngine(self.model, self.data, local_steps=c.train.local_steps,
                                 batch_size=c.train.batch_size, lr_local=c.lr_local, momentum=c.train.momentum,
-                                seed=seed, stream=stream)
+                                seed=seed, stream=stream, precision=c.precision)
 
     def serve(self, theta: torch.Tensor, order: StageOrder, held: torch.Tensor | None) -> StageResult:
         """Run one stage at ``theta``; ``held`` = this node's gradients ``[T', d]`` of the round's last
