@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from fedhv.config import dumps, to_dict
+from fedhv.config.flower import refuse_in_simulator
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -170,6 +171,9 @@ def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, dat
 #: stop still after round ``n`` is fully recorded, so a test can SIGKILL it at a known point.
 PAUSE_ENV = "FEDHV_TEST_PAUSE_AFTER_ROUND"
 PAUSE_FILE = ".test-paused"
+#: Test-only, with :data:`PAUSE_ENV`: only the run directory of this name pauses (for a Flower
+#: deployment, whose ServerApps all inherit the environment it started with).
+PAUSE_RUN_ENV = "FEDHV_TEST_PAUSE_RUN"
 
 
 def pause_for_tests(run_path: Path, round_done: int) -> None:
@@ -181,6 +185,8 @@ def pause_for_tests(run_path: Path, round_done: int) -> None:
     failed to kill it leaves no process behind for long. No effect unless the variable is set.
     """
     if os.environ.get(PAUSE_ENV) != str(round_done):
+        return
+    if os.environ.get(PAUSE_RUN_ENV, run_path.name) != run_path.name:
         return
     (run_path / PAUSE_FILE).write_text(str(round_done))
     deadline = time.monotonic() + 600
@@ -197,8 +203,15 @@ def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:
 
 
 def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | None,
-             federation_factory: FederationFactory | None = None) -> tuple[FederatedData, MethodSetup]:
-    """Threads, data and the built method (calibrating unless ``calibration`` is given)."""
+             federation_factory: FederationFactory | None = None, resume: Path | None = None
+             ) -> tuple[FederatedData, MethodSetup]:
+    """Threads, data and the built method (calibrating unless ``calibration`` is given).
+
+    Every run and resume starts here, so this is where the simulator (no ``federation_factory``)
+    refuses ``flower.secure_aggregation = true`` (:func:`fedhv.config.flower.refuse_in_simulator`).
+    """
+    if federation_factory is None:
+        refuse_in_simulator(cfg, None if resume is None else str(resume))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = federated_data(cfg)
@@ -310,7 +323,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     calibration = None
     if (path / "calibration.json").exists():
         calibration = load_calibration(path / "calibration.json")  # verifies its digest
-    data, setup = _prepare(cfg, progress, calibration, federation_factory)
+    data, setup = _prepare(cfg, progress, calibration, federation_factory, path)
     if ckpt is not None:  # round range, model size, state kind and task count
         check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(new_model(cfg, data, cfg.seed)).numel(),
                          setup.algorithm.init_state(data.num_tasks))
@@ -324,21 +337,53 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
             log.warning("resume: %s", note)
     done = 0 if ckpt is None else ckpt.round
     log.warning("resuming %s at round %d of %d", path, done, cfg.rounds)
-    resumes = JsonlWriter(path / "resumes.jsonl")
-    resumes.append({"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
-                    "torch_threads": torch.get_num_threads(), "kernels": kernel_fingerprint()})
-    resumes.close()
-    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory)
+    resumed = {"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
+               "torch_threads": torch.get_num_threads(), "kernels": kernel_fingerprint()}
+    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory, resumed)
+
+
+def chunk_record(cfg: RunConfig, engine: object) -> dict[str, Any]:
+    """How many model copies the engine trains at once (``environment.json["engine_chunk"]``; a
+    resume's in its ``resumes.jsonl`` record).
+
+    Batched engine, ``engine_chunk = "auto"``: ``{"auto": true, "chunk": c, "copy_bytes",
+    "available_bytes", "fraction", "splits_round": c < train.clients_per_round}``
+    (:mod:`fedhv.sim.memory`); set
+    ``engine_chunk = c`` to rerun bit for bit on a machine with other free memory. Batched,
+    ``engine_chunk = n``: ``{"auto": false, "chunk": n}`` (``0`` = all copies at once). The
+    sequential engine trains one copy at a time: ``{"auto": false, "chunk": 1}``.
+    """
+    choice = getattr(engine, "chunk_choice", None)
+    if choice is not None:
+        return {"auto": True, **dataclasses.asdict(choice),
+                "splits_round": choice.chunk < cfg.train.clients_per_round}
+    if hasattr(engine, "chunk"):
+        return {"auto": False, "chunk": int(engine.chunk)}
+    return {"auto": False, "chunk": 1}
 
 
 def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup, ckpt: Checkpoint | None,
-           start: float, progress: bool, federation_factory: FederationFactory | None = None) -> dict[str, Any]:
-    """The round loop with evaluation, logging and checkpoints, then the final files."""
+           start: float, progress: bool, federation_factory: FederationFactory | None = None,
+           resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The round loop with evaluation, logging and checkpoints, then the final files.
+
+    The engine's chunking (:func:`chunk_record`, machine-dependent) goes to ``environment.json``
+    (a fresh run) or to the run's ``resumes.jsonl`` record ``resumed`` (a resume).
+    """
     try:
         run.open_logs()
         model = new_model(cfg, data, cfg.seed)
         evaluator = new_model(cfg, data, cfg.seed).eval()
         engine = make_engine(cfg, model, data, cfg.seed, stream="train")
+        chunking = {} if federation_factory is not None else {"engine_chunk": chunk_record(cfg, engine)}
+        if resumed is None:  # (a federation's clients train elsewhere: nothing to record)
+            if chunking:
+                env = json.loads((run.path / "environment.json").read_text())
+                run.write_json("environment.json", {**env, **chunking})
+        else:
+            resumes = JsonlWriter(run.path / "resumes.jsonl")
+            resumes.append({**resumed, **chunking})
+            resumes.close()
         faults = FaultInjector(**dataclasses.asdict(cfg.faults), seed=cfg.seed, stream="train")
         sha = config_digest((run.path / "config.toml").read_text())
         if ckpt is None:
