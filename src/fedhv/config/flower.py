@@ -103,3 +103,22 @@ def check_flower(cfg: RunConfig) -> None:
         raise ConfigError(f"validation.max_update_norm_ratio = {cfg.validation.max_update_norm_ratio} with "
                           "flower.secure_aggregation = true: the server never sees a client's update norm to "
                           "compare with the median; set it to 0 (validation.max_update_norm is checked on the nodes)")
+
+
+def refuse_in_simulator(cfg: RunConfig, resume: str | None = None) -> None:
+    """Refuse to *simulate* a configuration with ``flower.secure_aggregation = true``.
+
+    The simulator runs every client in the server's own process, so it would see every
+    client's update and report: the privacy the key asks for would silently not exist.
+    Called where a simulator run starts (:func:`fedhv.experiment.runner` for ``fedhv run``,
+    ``--resume``, ``fedhv grid`` jobs and the Python API; :func:`fedhv.experiment.grid.plan_grid`
+    before any calibration), never on the Flower back-end. ``resume``: the run directory
+    being resumed (the fix then names ``fedhv flower local --resume``).
+    """
+    if not cfg.flower.secure_aggregation:
+        return
+    how = (f"resume it with `fedhv flower local --resume {resume}`" if resume is not None
+           else f"run it with `fedhv flower local {cfg.setting} --secure`")
+    raise ConfigError(f"flower.secure_aggregation = true: secure aggregation is a Flower deployment mode and the "
+                      f"simulator would see every client's update and report; {how}, or set "
+                      "flower.secure_aggregation = false")
