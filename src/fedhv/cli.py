@@ -228,6 +228,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(dumps(to_dict(cfg)), end="")
         return 0
+    from fedhv.config.flower import refuse_in_simulator
+
+    refuse_in_simulator(cfg)  # run_experiment refuses it too; here before torch loads or --overwrite deletes
     from fedhv._malloc import tune_allocator
     from fedhv.experiment.runner import claim_run_dir, run_experiment
 

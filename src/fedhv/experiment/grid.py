@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhv.config import load_config, preset_names, to_dict
+from fedhv.config.flower import refuse_in_simulator
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.errors import ConfigError, FedHVError
@@ -159,6 +160,7 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                     for seed in seeds:
                         job_over = (*overrides, *extra, f"method={json.dumps(method)}", f"seed={seed}")
                         cfg = load_config(source, job_over)
+                        refuse_in_simulator(cfg)  # before its calibration runs in the simulator
                         name = cfg.setting
                         folder = out / name
                         if variant is not None:

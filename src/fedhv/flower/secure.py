@@ -34,7 +34,9 @@ share-keys stages (as SecAgg+ prescribes: only clients that distributed shares a
 reconstructed). A client lost after sharing keys is recovered from the survivors' shares;
 when fewer than ``reconstruction_threshold`` shares or neighbours remain, the workflow halts:
 the round is skipped (``NoValidReplies``) with the reason logged and stored in
-``rounds.jsonl`` (``secure_halted``). The server never holds a client's update or report:
+``rounds.jsonl`` (``secure_halted``). A client lost in the *unmask* stage had its masked
+vector summed already: it is in the mean, so it is listed in ``secure_unmask_lost``, not in
+``dropped`` / ``rejected`` (unless the round halted). The server never holds a client's update or report:
 it sees public keys, encrypted shares, masked integer vectors and key shares.
 """
 
@@ -202,8 +204,11 @@ class SecureFlowerFederation(FlowerFederation):
     Same accounting as :class:`FlowerFederation`; one algorithm stage costs four message round
     trips (``stages += 4``), ``bytes_down`` / ``bytes_up`` are the mean serialized sizes of
     what each client received / sent in them, ``client_seconds`` the time of the round trips.
-    ``extras`` (merged into the round's record) holds ``secure_clients``, ``secure_clipped``
-    and, for a halted round, ``secure_halted``.
+    ``extras`` (merged into the round's record) holds ``secure_clients`` (whose masked vectors
+    were averaged), ``secure_clipped``, ``secure_unmask_lost`` (``[{client, reason}]``, only when
+    some aggregated client was lost in the unmask stage: it is *not* in ``dropped`` /
+    ``rejected``, which list clients left out of the mean) and, for a halted round,
+    ``secure_halted`` (its lost clients stay dropped / rejected: nothing was aggregated).
     """
 
     def __init__(self, grid: Grid, nodes: NodeMap, clients: np.ndarray, round_idx: int, seed: int, stream: str,
@@ -214,6 +219,8 @@ class SecureFlowerFederation(FlowerFederation):
         run_id = int(getattr(getattr(grid, "run", None), "run_id", 0))
         self.context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config={})
         self.extras: dict[str, Any] = {}
+        #: (client, reason) of clients lost in the unmask stage whose masked vector is in the aggregate
+        self.unmask_lost: list[tuple[int, str]] = []
 
     def exchange(self, theta: torch.Tensor, request: Request) -> Replies:
         """One algorithm stage as one SecAgg+ round: the mean update (and report) of the clients."""
@@ -236,7 +243,7 @@ class SecureFlowerFederation(FlowerFederation):
             workflow(grid, legacy)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - a protocol failure skips the round, it does not end the run
             workflow.halted = workflow.halted or f"SecAgg+ failed: {type(exc).__name__}: {exc}"
-        self._account(grid, by_node)
+        self._account(grid, by_node, workflow.masked if strategy.aggregate is not None else set())
         self.client_seconds += grid.seconds
         self.stages += len(grid.stages)
         if strategy.aggregate is None:
@@ -251,6 +258,8 @@ class SecureFlowerFederation(FlowerFederation):
         aggregated = np.asarray(sorted(by_node[nid] for nid in workflow.masked), dtype=np.int64)
         self._clients = aggregated
         self.extras = {"secure_clients": aggregated.tolist(), "secure_clipped": clipped}
+        if self.unmask_lost:
+            self.extras["secure_unmask_lost"] = [{"client": c, "reason": r} for c, r in self.unmask_lost]
         if clipped:
             log.warning("round %d: %d values clipped to +-flower.clipping_range = %g before masking",
                         self.round_idx + 1, clipped, self.flower.clipping_range)
@@ -260,8 +269,15 @@ class SecureFlowerFederation(FlowerFederation):
             out.reports = torch.as_tensor(report, dtype=torch.float64).unsqueeze(0)
         return out
 
-    def _account(self, grid: StageGrid, by_node: dict[int, int]) -> None:
-        """Bytes per client and stage; clients that never answered are dropped, errors rejected."""
+    def _account(self, grid: StageGrid, by_node: dict[int, int], aggregated: set[int]) -> None:
+        """Bytes per client and stage; clients that never answered are dropped, errors rejected.
+
+        A client lost in the *unmask* stage whose masked vector was summed (its node in
+        ``aggregated``: the nodes of the round's aggregate, empty for a halted round) is neither:
+        its input is in the mean. It goes to :attr:`unmask_lost` (``secure_unmask_lost`` in
+        ``rounds.jsonl``) and is logged. In a halted round nothing was aggregated, so such a
+        client stays dropped / rejected.
+        """
         for st in grid.stages:
             self.bytes_down += round(float(np.mean(st["down"]))) if st["down"] else 0
             ok = [r for r in st["replies"] if not r.has_error()]
@@ -272,7 +288,14 @@ class SecureFlowerFederation(FlowerFederation):
                 if c is None or c not in self._clients:
                     continue
                 reply = got.get(node)
-                if reply is None:
+                if st["stage"] == "unmask" and node in aggregated and (reply is None or reply.has_error()):
+                    why = ("no reply" + (f" within {self.timeout} s" if self.timeout else "") if reply is None
+                           else f"Flower error {reply.error.code}: {reply.error.reason}")
+                    self.unmask_lost.append((c, f"SecAgg+ unmask stage: {why}"))
+                    log.warning("round %d: client %d lost in the SecAgg+ unmask stage (%s); its masked vector is "
+                                "in the round's mean, its masks were removed with the others' shares",
+                                self.round_idx + 1, c, why)
+                elif reply is None:
                     self._drop(c, f"no reply in the SecAgg+ {st['stage']} stage"
                                + (f" within {self.timeout} s" if self.timeout else ""))
                 elif reply.has_error():
@@ -300,6 +323,7 @@ class SecureFlowerFederation(FlowerFederation):
         info = {"stages": stages, "strategy_received": strategy.received, "extras": self.extras,
                 "seed": self.seed, "stream": self.stream, "round": self.round_idx,
                 "dropped": list(self.dropped), "rejected": [list(r) for r in self.rejected],
+                "unmask_lost": [list(r) for r in self.unmask_lost],
                 "node_map": {str(c): n for c, n in self.nodes.nodes.items()}}
         name.with_suffix(".json").write_text(json.dumps(info, default=str))
         arrays = {"theta": theta.detach().cpu().numpy(), **masked}
