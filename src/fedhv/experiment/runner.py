@@ -8,10 +8,8 @@ import io
 import json
 import logging
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -41,7 +39,7 @@ from fedhv.experiment.environment import environment, kernel_fingerprint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
-from fedhv.experiment.signals import signals_held
+from fedhv.experiment.signals import Terminated, signals_deferred, sigterm_as_interrupt  # noqa: F401 - re-exported
 from fedhv.metrics import aggregate_metrics, evaluate_tasks
 from fedhv.models import MultiTaskModel, get_flat, set_flat
 from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir, write_atomic_with
@@ -49,58 +47,6 @@ from fedhv.sim.faults import FaultInjector
 from fedhv.sim.precision import amp_module
 
 log = logging.getLogger("fedhv")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived during a run; handled like Ctrl-C (the last finished round is checkpointed).
-
-    ``signum`` is the signal; the CLI exits with ``128 + signum`` (143).
-    """
-
-    signum = int(signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``).
-
-    The run's ``except BaseException`` path then writes a checkpoint of the last fully
-    written round, as for Ctrl-C. Only the first SIGTERM raises (a second one would cut
-    that checkpoint short; it is ignored); the previous handler is restored on exit.
-    Nothing changes outside the main thread (where Python cannot install handlers) or
-    when SIGTERM already has a handler other than the default (e.g. a grid worker's,
-    which raises ``KeyboardInterrupt`` itself, or ``SIG_IGN``).
-    """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-    fired: list[int] = []
-
-    def handler(signum: int, frame: object) -> None:
-        if fired:
-            return
-        fired.append(signum)
-        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def signals_deferred() -> contextlib.AbstractContextManager[None]:
-    """Hold SIGINT and SIGTERM back until the block ends (main thread, POSIX).
-
-    A round's bookkeeping (its ``rounds.jsonl`` / ``metrics.jsonl`` lines, the record of
-    what a checkpoint must cover, the checkpoint itself) must not be cut between its
-    steps: an interrupt there would leave a written line that no checkpoint covers.
-    The signal is noted and raised again when the block ends, so a stop request is never
-    lost, only delayed by one round's bookkeeping (milliseconds), whichever of the
-    process's threads the kernel delivered it to (:func:`~fedhv.experiment.signals.signals_held`).
-    """
-    return signals_held((signal.SIGINT, signal.SIGTERM))
 
 
 def _write_bytes(fh: BinaryIO, data: bytes) -> None:

@@ -10,6 +10,8 @@ Two ways, for two needs:
   Python then runs the handler in the main thread at once; a mask set in the main thread
   alone therefore does not keep a handler out of a block. Replacing the handlers does, for
   whichever thread the signal reaches (a round's bookkeeping, ``signals_deferred``).
+
+A run turns SIGTERM into :class:`Terminated` (:func:`sigterm_as_interrupt`), handled as Ctrl-C.
 """
 
 from __future__ import annotations
@@ -89,3 +91,55 @@ def _raise_each(signals: list[int]) -> None:
             signal.raise_signal(signals[0])
         finally:
             _raise_each(signals[1:])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived during a run; handled like Ctrl-C (the last finished round is checkpointed).
+
+    ``signum`` is the signal; the CLI exits with ``128 + signum`` (143).
+    """
+
+    signum = int(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``).
+
+    The run's ``except BaseException`` path then writes a checkpoint of the last fully
+    written round, as for Ctrl-C. Only the first SIGTERM raises (a second one would cut
+    that checkpoint short; it is ignored); the previous handler is restored on exit.
+    Nothing changes outside the main thread (where Python cannot install handlers) or
+    when SIGTERM already has a handler other than the default (e.g. a grid worker's,
+    which raises ``KeyboardInterrupt`` itself, or ``SIG_IGN``).
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def signals_deferred() -> contextlib.AbstractContextManager[None]:
+    """Hold SIGINT and SIGTERM back until the block ends (main thread, POSIX).
+
+    A round's bookkeeping (its ``rounds.jsonl`` / ``metrics.jsonl`` lines, the record of
+    what a checkpoint must cover, the checkpoint itself) must not be cut between its
+    steps: an interrupt there would leave a written line that no checkpoint covers.
+    The signal is noted and raised again when the block ends, so a stop request is never
+    lost, only delayed by one round's bookkeeping (milliseconds), whichever of the
+    process's threads the kernel delivered it to (:func:`~fedhv.experiment.signals.signals_held`).
+    """
+    return signals_held((signal.SIGINT, signal.SIGTERM))
