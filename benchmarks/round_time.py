@@ -9,8 +9,13 @@ Part 1 times FedHV rounds with both engines: seconds per round (median of ``R`` 
 rounds after a warm-up), the client-time split into objective reports and local
 training, FLOPs per round (``torch.utils.flop_counter`` on the sequential engine:
 convolutions and matrix products, forward and backward), achieved GFLOP/s and the
-batched/sequential ratio. Part 2 times one round of each method with the batched
-engine, split into client and server time, as ratios to Uniform.
+batched/sequential ratio, and the achieved GFLOP/s of the report pass and of the training
+pass separately. Then the batched report pass and one test evaluation run alternately with
+the plain ``model(x)`` forward and the fast inference path (:mod:`fedhv.models.inference`),
+median wall and CPU seconds of each, plus the evaluation time of a whole run (every
+``eval.test_period`` rounds and the final one). Part 2 times one round of each method with
+the batched engine, split into client and server time, as ratios to Uniform. The 1-minute
+load average is printed at the start and the end (other processes share the cores).
 
 Every timing line ends with the process's peak RSS so far (``getrusage`` ``ru_maxrss``;
 monotone, so a line's value bounds everything measured up to it) and, on CUDA, the peak
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import statistics
 import time
@@ -37,7 +43,9 @@ from fedhv._malloc import tune_allocator
 from fedhv.config import load_config
 from fedhv.experiment.methods import build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model, sample_clients
-from fedhv.models import get_flat
+from fedhv.metrics.evaluate import evaluate_tasks
+from fedhv.models import get_flat, set_flat
+from fedhv.models.inference import plain_forward
 from fedhv.sim.federation import SimFederation
 
 
@@ -101,7 +109,8 @@ def main() -> None:
         f"{cfg.setting}: {cfg.train.clients_per_round} clients x {cfg.train.local_steps} steps x batch "
         f"{cfg.train.batch_size}, reports over {cfg.partition.samples_per_client} samples/client; "
         f"{torch.get_num_threads()} threads, dtype {cfg.dtype}, precision {cfg.precision}, "
-        f"engine_chunk {cfg.engine_chunk}, allocator tuned: {tuned}; {memory_note(cfg.device)} after loading"
+        f"engine_chunk {cfg.engine_chunk}, allocator tuned: {tuned}; {memory_note(cfg.device)} after loading; "
+        f"load {os.getloadavg()[0]:.2f}"
     )
     # Part 1: engines.
     flop_cfg = load_config_like(dataclasses.replace(cfg, method="fedhv", engine="sequential"))
@@ -110,21 +119,28 @@ def main() -> None:
     clients = sample_clients(0, "bench", 0, data.num_clients, cfg.train.clients_per_round)
     theta = get_flat(model).clone()
     w = np.full((1, data.num_tasks), 1.0 / data.num_tasks)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        engine.reports(theta, clients, 0, "all")
-        engine.train(theta, clients, w, 0)
-    flops = counter.get_total_flops()
-    print(f"\nFedHV round: {flops / 1e9:.2f} GFLOP")
-    print(f"{'engine':<11} {'s/round':>8} {'reports':>8} {'training':>9} {'GFLOP/s':>8} {'CPU s':>7}")
+    counter, rep_counter = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    with plain_forward():  # the counter sees aten.convolution, not the fast path's oneDNN calls
+        with rep_counter:
+            engine.reports(theta, clients, 0, "all")
+        with counter:
+            engine.train(theta, clients, w, 0)
+    rep_flops = rep_counter.get_total_flops()
+    flops = counter.get_total_flops() + rep_flops
+    print(f"\nFedHV round: {flops / 1e9:.2f} GFLOP (report pass {rep_flops / 1e9:.2f})")
+    print(f"{'engine':<11} {'s/round':>8} {'reports':>8} {'training':>9} {'GFLOP/s':>8} {'rep GF/s':>8} "
+          f"{'trn GF/s':>8} {'CPU s':>7}")
     results = {}
+    engines = {}
     for name in ("batched",) if args.no_sequential else ("sequential", "batched"):
         (total, _, _, cpu), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
         rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
-        results[name] = total
+        results[name], engines[name] = total, eng
         chunk = getattr(eng, "chunk_choice", None)
-        print(f"{name:<11} {total:8.3f} {rep:8.3f} {total - rep:9.3f} {flops / total / 1e9:8.1f} {cpu:7.2f}   "
+        print(f"{name:<11} {total:8.3f} {rep:8.3f} {total - rep:9.3f} {flops / total / 1e9:8.1f} "
+              f"{rep_flops / rep / 1e9:8.1f} {(flops - rep_flops) / max(total - rep, 1e-9) / 1e9:8.1f} {cpu:7.2f}   "
               f"{memory_note(cfg.device)}" + (f"; {chunk.describe()}" if chunk else ""))
+    inference_passes(cfg, data, engines["batched"], theta, clients, rep_flops)
     if "sequential" in results:
         print(f"batched / sequential: {results['sequential'] / results['batched']:.2f}x faster "
               f"(FLOP utilisation {results['sequential'] / results['batched']:.2f}x)")
@@ -145,6 +161,43 @@ def main() -> None:
         base = base or total
         print(f"{method:<9} {total:8.3f} {client:8.3f} {server:8.3f} {total / base:10.2f} {cpu:7.2f}   "
               f"{memory_note(cfg.device)}")
+    print(f"\nload (1 min) at the end: {os.getloadavg()[0]:.2f}")
+
+
+def inference_passes(cfg, data, engine, theta, clients, rep_flops: int, reps: int = 5) -> None:  # type: ignore[no-untyped-def]
+    """Batched report pass and test evaluation: plain ``model(x)`` vs the fast path.
+
+    The two paths alternate ``reps`` times in this process (median wall and CPU seconds
+    of each), so a change of the machine's load hits both. Evaluations per run: every
+    ``eval.test_period`` rounds plus the final one (``eval.final``).
+    """
+    x, y = data.eval_sets["test"]
+    evaluator = new_model(cfg, data, 0)
+    set_flat(evaluator, theta)
+    period, rounds = cfg.eval.test_period, cfg.rounds
+    calls = (rounds // period if period else 0) + int(cfg.eval.final and (not period or rounds % period != 0))
+    passes = {
+        f"reports, batched ({int(sum(len(engine.report_indices(int(c), 0, 'all')) for c in clients)):,} samples)":
+            (lambda: engine.reports(theta, clients, 0, "all"), rep_flops),
+        f"test evaluation ({len(x):,} samples)":
+            (lambda: evaluate_tasks(evaluator, x, y, cfg.eval.batch_size, data.objective),
+             rep_flops * len(x) / max(1, sum(len(engine.report_indices(int(c), 0, "all")) for c in clients))),
+    }
+    print(f"\n{'pass (plain model(x) vs fast)':<38} {'plain s':>8} {'fast s':>8} {'plain CPU':>9} {'fast CPU':>9} "
+          f"{'speed-up':>8} {'GF/s fast':>9}")
+    for label, (fn, flop) in passes.items():
+        fn()
+        plain, fast = [], []
+        for _ in range(reps):
+            with plain_forward():
+                plain.append(_timed_cpu(fn))
+            fast.append(_timed_cpu(fn))
+        pw, pc = (statistics.median(t[i] for t in plain) for i in range(2))
+        fw, fc = (statistics.median(t[i] for t in fast) for i in range(2))
+        print(f"{label:<38} {pw:8.3f} {fw:8.3f} {pc:9.3f} {fc:9.3f} {pw / fw:8.2f} {flop / fw / 1e9:9.1f}")
+        if label.startswith("test"):
+            print(f"{f'  per run ({calls} evaluations of {rounds} rounds)':<38} {pw * calls:8.2f} {fw * calls:8.2f} "
+                  f"{pc * calls:9.2f} {fc * calls:9.2f}")
 
 
 def profile_round(cfg, data, top: int) -> None:  # type: ignore[no-untyped-def]
@@ -170,6 +223,13 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def _timed_cpu(fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(wall, process CPU) seconds of ``fn()``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 if __name__ == "__main__":

@@ -58,13 +58,19 @@ class BatchedEngine(Engine):
         return vmap(single)
 
     def reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, budget: int | str) -> torch.Tensor:
+        """One inference pass over the union of the clients' report samples (all at ``theta``).
+
+        Client ``j``'s report is the mean of rows ``[o_j, o_j + n_j)`` of the per-sample
+        losses, ``o_j = n_0 + ... + n_{j-1}``: the same samples, model and maths as the
+        sequential engine's per-client passes, gathered chunk by chunk
+        (:func:`~fedhv.metrics.evaluate.per_sample_losses` with ``rows``).
+        """
         idx = [self.report_indices(int(c), round_idx, budget) for c in clients]
-        all_idx = torch.cat(idx)
         set_flat(self.model, theta)
         self.model.eval()
         losses, _ = per_sample_losses(
-            amp_module(self.model, self.precision), self.data.train_x[all_idx], self.data.train_y[all_idx],
-            self.eval_batch_size, self.data.objective,
+            amp_module(self.model, self.precision), self.data.train_x, self.data.train_y,
+            self.eval_batch_size, self.data.objective, rows=torch.cat(idx),
         )
         self.model.train()
         return torch.stack([part.mean(0) for part in torch.split(losses, [len(i) for i in idx])])

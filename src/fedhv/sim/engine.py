@@ -153,8 +153,8 @@ class SequentialEngine(Engine):
         out = []
         for client in clients:
             idx = self.report_indices(int(client), round_idx, budget)
-            losses, _ = per_sample_losses(amp_module(self.model, self.precision), self.data.train_x[idx],
-                                          self.data.train_y[idx], self.eval_batch_size, self.data.objective)
+            losses, _ = per_sample_losses(amp_module(self.model, self.precision), self.data.train_x,
+                                          self.data.train_y, self.eval_batch_size, self.data.objective, rows=idx)
             out.append(losses.mean(0))
         self.model.train()
         return torch.stack(out)
