@@ -25,12 +25,27 @@ def _data_root() -> Path:
 DATA_ROOT = _data_root()
 
 
+def _one_thread_per_worker() -> None:
+    """Under xdist each worker (and every process it starts: CLI runs, Flower's SuperNodes and
+    ClientApps, grid workers) computes with one torch / OpenMP thread: the workers already fill
+    the cores, and two threads per process on two cores leave OpenMP threads spinning for a core.
+    A test that compares a subprocess with an in-process result sees one thread count on both
+    sides (the environment is inherited); a run's ``threads`` setting still applies."""
+    import torch
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Real data, and one derived-data cache per test session: shared by the xdist workers
     (their base folders ``popen-gwN`` sit in one session folder), so the CIFAR-10 JPEGs are
     decoded once per session, not once per worker (``fedhv.data.cache`` locks each build)."""
     os.environ["FEDHV_DATA"] = str(DATA_ROOT)
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        _one_thread_per_worker()
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     cache = shared / "fedhv-cache"
