@@ -24,6 +24,7 @@ from fedhv.algorithms.uniform import Uniform as _Uniform
 from fedhv.api.dataset import FederatedDataset
 from fedhv.api.methods import FedHV, Method
 from fedhv.api.output import SimRunWriter, method_options, round_record
+from fedhv.config.schema import PRECISIONS
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, calibration_from_records
@@ -84,8 +85,8 @@ def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str, 
     if engine not in ("batched", "sequential"):
         raise ConfigError(f"engine = {engine!r} is unknown; use \"batched\" or \"sequential\"")
     first = next(model.parameters())
-    if precision not in ("fp32", "bf16"):
-        raise ConfigError(f"precision = {precision!r} is unknown; use \"fp32\" or \"bf16\"")
+    if precision not in PRECISIONS:  # the config key's values (fedhv.config.schema)
+        raise ConfigError(f"precision = {precision!r} is unknown; use " + " or ".join(f'"{p}"' for p in PRECISIONS))
     if precision == "bf16" and first.dtype != torch.float32:
         raise ConfigError(f"precision = \"bf16\" needs a float32 model (its parameters are {first.dtype}); "
                           "call model.float() or use precision = \"fp32\"")
