@@ -55,7 +55,7 @@ from fedhv.errors import FedHVError
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
             # the SuperLink's SuperExec looks for a run to start every second by default
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
 
 
 class FlowerRunError(FedHVError):
