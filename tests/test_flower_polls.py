@@ -34,6 +34,13 @@ def test_supernode_idle_wait_backs_off_and_resets_on_a_message(monkeypatch: pyte
             clock.sleep(3)
     # still backed off after two empty pulls; the message (run id 7) resets to the short wait
     assert slept == pytest.approx([0.5, 0.5, 0.1])
+    slept.clear()
+    for _ in range(3):
+        clock.sleep(3)  # within hot_s (2 s) of the message: the next stage is near, no backoff
+    clock._last -= 10  # the message was 10 s ago: back off again
+    for _ in range(3):
+        clock.sleep(3)
+    assert slept == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.15, 0.225])
     supernode.BackoffTime(0.2, 0.1).sleep(3)
     assert slept[-1] == 0.2  # an idle cap below the short poll: the short poll
 
@@ -65,6 +72,11 @@ def test_clientapp_process_poll_backs_off_and_resets_after_a_task(monkeypatch: p
     monkeypatch.setattr(executor, "run_task", lambda address, token: ran.append(token))
     monkeypatch.setattr(executor.time, "sleep", slept.append)
     with pytest.raises(SystemExit):
-        executor.serve_forever("127.0.0.1:1", None, poll_s=0.02, idle_poll_s=0.05)
+        executor.serve_forever("127.0.0.1:1", None, poll_s=0.02, idle_poll_s=0.05, hot_s=0.0)
     assert ran == ["t"]
     assert slept == pytest.approx([0.02, 0.03, 0.045, 0.02, 0.03])
+    replies = iter([False, False, True, False, False, "stop"])
+    slept.clear()
+    with pytest.raises(SystemExit):  # a long hot window: no backoff after the task
+        executor.serve_forever("127.0.0.1:1", None, poll_s=0.02, idle_poll_s=0.05, hot_s=100.0)
+    assert slept == pytest.approx([0.02, 0.03, 0.02, 0.02])

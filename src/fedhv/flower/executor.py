@@ -120,15 +120,17 @@ def run_task(address: str, token: str) -> None:
         client.close()
 
 
-def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.02, idle_poll_s: float = 0.5) -> None:
+def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.02, idle_poll_s: float = 0.5,
+                  hot_s: float = 2.0) -> None:
     """Acquire and run ClientApp tasks until the parent SuperNode is gone (or a signal arrives).
 
-    The poll backs off while no task comes: ``poll_s`` after a task, growing 1.5x per empty
-    poll up to ``idle_poll_s`` (an idle ClientApp asks its SuperNode twice a second, not
-    twenty times; the SuperNode itself backs off the same way, :mod:`fedhv.flower.supernode`).
+    The poll backs off while no task comes: ``poll_s`` until ``hot_s`` seconds after the last
+    task, then growing 1.5x per empty poll up to ``idle_poll_s`` (an idle ClientApp asks its
+    SuperNode twice a second, not fifty times; the SuperNode itself backs off the same way,
+    :mod:`fedhv.flower.supernode`).
     """
     client = _client(address)
-    wait = poll_s
+    wait, last = poll_s, -float("inf")
     while True:
         if parent_pid is not None and not _alive(parent_pid):
             return
@@ -140,10 +142,11 @@ def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.02, id
             continue
         if res.HasField("task") and res.token:
             run_task(address, res.token)
-            wait = poll_s
+            wait, last = poll_s, time.monotonic()
         else:
             time.sleep(wait)
-            wait = min(wait * 1.5, max(idle_poll_s, poll_s))
+            if time.monotonic() - last > hot_s:
+                wait = min(wait * 1.5, max(idle_poll_s, poll_s))
 
 
 def _alive(pid: int) -> bool:

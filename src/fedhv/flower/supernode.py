@@ -39,23 +39,28 @@ class BackoffTime(types.ModuleType):
     """The ``time`` module with ``sleep`` replaced for Flower's SuperNode loop.
 
     ``sleep(s)`` for ``s >= FLOWER_IDLE_SLEEP_S`` (the idle wait) sleeps the current idle
-    interval ``w`` and then sets ``w = min(1.5 w, idle_cap)``; :meth:`reset` (a message
-    arrived) sets ``w = cap``. Any other ``sleep(s)`` sleeps ``min(s, cap)``.
+    interval ``w``; within ``hot_s`` seconds of the last :meth:`reset` (a message arrived:
+    the run's next stage is near) ``w`` stays ``cap``, after that each idle wait sets
+    ``w = min(1.5 w, idle_cap)``. Any other ``sleep(s)`` sleeps ``min(s, cap)``.
     """
 
-    def __init__(self, cap: float, idle_cap: float) -> None:
+    def __init__(self, cap: float, idle_cap: float, hot_s: float = 2.0) -> None:
         super().__init__("time")
         self._cap = cap
         self._idle_cap = max(idle_cap, cap)
+        self._hot_s = hot_s
+        self._last = -float("inf")
         self.idle_wait = cap
 
     def reset(self) -> None:
         self.idle_wait = self._cap
+        self._last = time.monotonic()
 
     def sleep(self, seconds: float) -> None:
         if seconds >= FLOWER_IDLE_SLEEP_S:
             time.sleep(self.idle_wait)
-            self.idle_wait = min(self.idle_wait * 1.5, self._idle_cap)
+            if time.monotonic() - self._last > self._hot_s:
+                self.idle_wait = min(self.idle_wait * 1.5, self._idle_cap)
         else:
             time.sleep(min(seconds, self._cap))
 
