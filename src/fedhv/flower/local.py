@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,29 +50,11 @@ from typing import IO, Any
 from fedhv.config import dumps, load_config, to_dict
 from fedhv.config.schema import RunConfig
 from fedhv.data.node_file import node_data_file
-from fedhv.errors import FedHVError
+from fedhv.flower.procs import FlowerRunError, console_script, free_ports, session_children, wait_port
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
             # the SuperLink's SuperExec looks for a run to start every second by default
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
-
-
-class FlowerRunError(FedHVError):
-    """The local Flower deployment or its run failed (the message names the log to read)."""
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def local_config(setting: str, nodes: int, overrides: Sequence[str] = ()) -> RunConfig:
@@ -151,20 +132,52 @@ class Deployment:
 
         return make_node_key(self.workdir / "keys", name)[0]
 
-    def register(self, key: Path) -> int:
-        """Register the public key ``key.pub`` with the SuperLink (``flwr supernode register``); the node id."""
-        res = subprocess.run([_bin("flwr"), "supernode", "register", f"{key}.pub", "local", "--format", "json"],
-                             env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=60, check=False)
+    def register(self, *keys: Path) -> list[int]:
+        """Register the public keys ``key.pub`` with the SuperLink (``flwr supernode register``, one
+        process per key, all at once); their node ids."""
+        procs: list[subprocess.Popen[str]] = []
         try:
-            return int(json.loads(res.stdout)["node-id"])
-        except (ValueError, KeyError, TypeError):
-            raise FlowerRunError(f"flwr supernode register {key}.pub failed (status {res.returncode}): "
-                                 f"{(res.stdout + res.stderr).strip()[-500:]}") from None
+            for key in keys:
+                procs.append(subprocess.Popen(
+                    [console_script("flwr"), "supernode", "register", f"{key}.pub", "local", "--format", "json"],
+                    env=self.env, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            ids = []
+            for key, proc in zip(keys, procs):
+                try:
+                    out, err = proc.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, err = proc.communicate()
+                try:
+                    ids.append(int(json.loads(out)["node-id"]))
+                except (ValueError, KeyError, TypeError):
+                    raise FlowerRunError(f"flwr supernode register {key}.pub failed (status {proc.returncode}): "
+                                         f"{(out + err).strip()[-500:]}") from None
+            return ids
+        finally:  # an interrupt or a failed registration leaves no register process behind (by PID)
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
     def start_node(self, k: int, key: Path | None = None, name: str | None = None,
                    clientapp: bool = True) -> subprocess.Popen[bytes]:
         """Start the SuperNode of partition ``k`` (and, under ``process`` isolation and with ``clientapp``,
         its ClientApp process); ``key``: its authentication private key. Returns the SuperNode process."""
+        name, node, port = self._launch_node(k, key, name)
+        if clientapp:
+            self._attach_clientapp(name, node, port)
+        return node
+
+    def start_nodes(self, keys: list[Path | None]) -> None:
+        """Start SuperNode ``k`` with ``keys[k]`` for every ``k`` at once, then their ClientApp processes
+        (each once its SuperNode listens): the nodes' start-up (imports) overlaps."""
+        launched = [self._launch_node(k, key) for k, key in enumerate(keys)]
+        for name, node, port in launched:
+            self._attach_clientapp(name, node, port)
+
+    def _launch_node(self, k: int, key: Path | None, name: str | None = None
+                     ) -> tuple[str, subprocess.Popen[bytes], int]:
         name = name or f"supernode-{k}"
         port = free_ports(1)[0]
         tls = ["--insecure"] if self.root_certificates is None else ["--root-certificates", self.root_certificates]
@@ -179,12 +192,15 @@ class Deployment:
             "--node-config", node_config, "--isolation", self.isolation,
             "--host", "127.0.0.1", "--port", str(port),
         ])
-        if self.isolation == "process" and clientapp:
-            _wait_port(port, node, name, self.workdir)
+        return name, node, port
+
+    def _attach_clientapp(self, name: str, node: subprocess.Popen[bytes], port: int) -> None:
+        """Under ``process`` isolation: the SuperNode's long-lived ClientApp process, once it listens."""
+        if self.isolation == "process":
+            wait_port(port, node, name, self.workdir)
             self.start(name.replace("supernode", "clientapp"), [
                 sys.executable, "-m", "fedhv.flower.executor", "--runtime-api-address", f"127.0.0.1:{port}",
                 "--parent-pid", str(node.pid)])
-        return node
 
     @property
     def pids(self) -> list[int]:
@@ -232,7 +248,7 @@ class Deployment:
         if resume is not None:
             run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir)}
         (app_dir / "pyproject.toml").write_text(app_pyproject(run_config))
-        submit = subprocess.run([_bin("flwr"), "run", str(app_dir), "local", "--format", "json"], env=self.env,
+        submit = subprocess.run([console_script("flwr"), "run", str(app_dir), "local", "--format", "json"], env=self.env,
                                 cwd=self.workdir, capture_output=True, text=True, timeout=120, check=False)
         try:
             run_id = int(json.loads(submit.stdout)["run-id"])
@@ -255,45 +271,11 @@ class Deployment:
                 os.killpg(proc.pid, signal.SIGKILL)  # the group: also the ServerApp / ClientApp children
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
-        for pid in _children(os.getpid()):  # started but not yet tracked when a stop request arrived
+        for pid in session_children(os.getpid()):  # started but not yet tracked when a stop request arrived
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         for log in self.logs:
             log.close()
-
-
-def _children(parent: int) -> list[int]:
-    """PIDs of ``parent``'s live child processes that lead their own session (Linux ``/proc``; else none)."""
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == parent and int(fields[3]) == int(entry) and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], name: str, workdir: Path, wait_s: float = 60.0) -> None:
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise FlowerRunError(f"{name} exited with status {proc.returncode} while starting; see "
-                                 f"{workdir / (name + '.log')}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.2)
-    raise FlowerRunError(f"{name} did not listen on 127.0.0.1:{port} within {wait_s:.0f} s; see "
-                         f"{workdir / (name + '.log')}")
-
-
-def _bin(name: str) -> str:
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else name
 
 
 def _run_status(control_port: int, run_id: int, root_certificates: str | None = None) -> str:
@@ -390,21 +372,19 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{conn}\n')
     if poll_s is not None:
         env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
-    supernode_cmd = [_bin("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
+    supernode_cmd = [console_script("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
     dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir, secure)
     ok = False
     try:
         link = dep.start("superlink", [
-            _bin("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
+            console_script("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(link_port),
         ])
-        _wait_port(link_port, link, "superlink", workdir)
-        for k in range(nodes):
-            key = None
-            if auth:
-                key = dep.node_key(f"node-{k}")
-                dep.register(key)
-            dep.start_node(k, key)
+        wait_port(link_port, link, "superlink", workdir)
+        keys: list[Path | None] = [dep.node_key(f"node-{k}") if auth else None for k in range(nodes)]
+        if auth:
+            dep.register(*[key for key in keys if key is not None])
+        dep.start_nodes(keys)
         yield dep
         ok = True
     finally:
