@@ -8,6 +8,13 @@ CelebA (which may not be redistributed).
 Usage::
 
     python benchmarks/celeba_round.py [--engine batched|sequential] [--chunk C] [--rounds R]
+                                      [--variant fused|vmap] [--precision fp32|bf16]
+
+``--variant vmap`` hides ``ResNet18GN.forward_batched`` so that the batched engine falls
+back to ``torch.func.vmap`` (the engine before issue 13), for before/after timings. Each
+round prints its wall-clock split into reports and local training, and the run prints
+what ``engine_chunk = "auto"`` would choose (:mod:`fedhv.sim.memory`) next to the
+measured peak RSS growth of the round.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -29,6 +37,7 @@ from fedhv.rng import torch_generator
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import SequentialEngine
 from fedhv.sim.federation import SimFederation
+from fedhv.sim.memory import auto_chunk
 
 GROUPS = tuple(tuple(range(8 * i, 8 * i + 8)) for i in range(5))
 
@@ -42,8 +51,13 @@ def main() -> None:
     parser.add_argument("--engine", default="batched", choices=["batched", "sequential"])
     parser.add_argument("--chunk", type=int, default=0, help="model copies trained at once (0 = all)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--variant", default="fused", choices=["fused", "vmap"],
+                        help="batched engine's forward: ResNet18GN.forward_batched or torch.func.vmap")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = parser.parse_args()
     tune_allocator()
+    if args.variant == "vmap":
+        ResNet18GN.forward_batched = None  # type: ignore[assignment,method-assign]  # engine falls back to vmap
     g = torch.Generator().manual_seed(0)
     clients, per_client = 30, 500
     n = clients * per_client
@@ -61,12 +75,20 @@ def main() -> None:
     default_init(model, torch_generator(0, "init"))
     theta = get_flat(model).clone()
     alg = FedHV(np.asarray(REFERENCES["celeba5"]), lr_global=1.0)
-    kwargs = dict(local_steps=5, batch_size=64, lr_local=0.2, momentum=0.9, seed=0)
+    kwargs = {"local_steps": 5, "batch_size": 64, "lr_local": 0.2, "momentum": 0.9, "seed": 0,
+              "precision": args.precision}
     engine = (BatchedEngine(ResNet18GN(), data, chunk=args.chunk, **kwargs) if args.engine == "batched"
               else SequentialEngine(ResNet18GN(), data, **kwargs))
+    seconds = {"reports": 0.0, "train": 0.0}
+    for name in seconds:
+        setattr(engine, name, _timed(getattr(engine, name), seconds, name))
     print(f"CelebA5 round: 10 clients x 5 steps x batch 64 + 500-sample reports, ResNet-18-GN "
-          f"(d = {theta.numel():,}), engine {args.engine}, chunk {args.chunk or 'all'}, "
-          f"{torch.get_num_threads()} threads; RSS before: {peak_rss_gib():.2f} GiB")
+          f"(d = {theta.numel():,}), engine {args.engine} ({args.variant}, {args.precision}), "
+          f"chunk {args.chunk or 'all'}, {torch.get_num_threads()} threads; RSS before: {peak_rss_gib():.2f} GiB")
+    if args.engine == "batched":
+        choice = auto_chunk(engine.model, (3, 32, 32), 64, args.precision)
+        print(f"{choice.describe()}; estimate for 10 copies at once: {10 * choice.copy_bytes / 2**30:.2f} GiB")
+    start_rss = peak_rss_gib()
     state = alg.init_state(5)
     for r in range(args.rounds):
         sampled = np.sort(np.random.default_rng(r).choice(clients, 10, replace=False))
@@ -74,8 +96,21 @@ def main() -> None:
         t0 = time.perf_counter()
         res = alg.round(state, theta, fed)
         state, theta = res.state, res.theta
-        print(f"round {r + 1}: {time.perf_counter() - t0:.1f} s (client {fed.client_seconds:.1f} s), "
-              f"peak RSS {peak_rss_gib():.2f} GiB, report {np.round(res.log['report'], 4).tolist()}")
+        print(f"round {r + 1}: {time.perf_counter() - t0:.1f} s (client {fed.client_seconds:.1f} s: reports "
+              f"{seconds['reports']:.1f} s, train {seconds['train']:.1f} s), peak RSS {peak_rss_gib():.2f} GiB "
+              f"(+{peak_rss_gib() - start_rss:.2f}), report {np.round(res.log['report'], 4).tolist()}", flush=True)
+        seconds.update(reports=0.0, train=0.0)
+
+
+def _timed(fn: Callable[..., torch.Tensor], seconds: dict[str, float], name: str) -> Callable[..., torch.Tensor]:
+    """``fn`` adding its wall-clock seconds to ``seconds[name]``."""
+    def wrapper(*args: object, **kwargs: object) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds[name] += time.perf_counter() - t0
+    return wrapper
 
 
 if __name__ == "__main__":

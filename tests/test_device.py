@@ -110,7 +110,7 @@ def _synthetic(shape: tuple[int, ...], labels: int, **kwargs: object) -> Federat
 @pytest.mark.parametrize("which", ["cifar-cnn", "resnet18"])
 def test_cifar_and_resnet_engines_keep_every_tensor_on_the_device(engine: type[Engine], which: str) -> None:
     """The CIFAR CNN with integer rotations (nearest) and whole-batch flips, and the
-    ResNet-18 (the batched engine's ``vmap`` path) with multi-label losses, at full size."""
+    ResNet-18 (the batched engine's folded ``forward_batched``) with multi-label losses, at full size."""
     model: MultiTaskModel
     if which == "cifar-cnn":
         model = CifarCNN((8, 8))

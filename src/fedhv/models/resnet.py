@@ -6,6 +6,9 @@ normalisation GroupNorm with 2 groups, 1x1 conv + GroupNorm shortcuts when the s
 changes; then ``avg_pool2d(kernel 3)`` of the final 512x4x4 map, which (stride 3)
 averages only its top-left 3x3 window, as in the reference code; 11,168,832 encoder
 parameters. Head per task: linear 512 -> 8, sigmoid. The model has no dropout.
+
+:meth:`ResNet18GN.forward_batched` evaluates ``n`` parameter copies at once for the
+batched engine (:mod:`fedhv.models.resnet_batched`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhv.models.base import MultiTaskModel
+from fedhv.models.resnet_batched import resnet_batched_forward
 
 GROUPS = 2
 
@@ -75,3 +79,11 @@ class ResNet18GN(MultiTaskModel):
             assert isinstance(head, SigmoidHead)
             out.append(torch.sigmoid(head.fc(z)))
         return out
+
+    def forward_batched(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """``n`` stacked parameter sets on ``x [n, B, 3, H, W]`` at once (copies folded into
+        channels: grouped convolutions, GroupNorm with ``2n`` groups, ``bmm`` heads); see
+        :func:`fedhv.models.resnet_batched.resnet_batched_forward`."""
+        return resnet_batched_forward(self, params, x, masks)
