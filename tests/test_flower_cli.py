@@ -48,7 +48,7 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
     ``fedhv flower export``): run directory complete and equal to the simulator's, table reads it,
     no strays."""
     out = tmp_path / "run"
-    sets = [x for item in [*SMALL, 'dtype="float64"'] for x in ("--set", item)]
+    sets = [x for item in [*SMALL, 'dtype="float64"', "calibration.rounds=1"] for x in ("--set", item)]
     export = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "export", "multimnist", "--nodes", "3",
                              *sets, "--out", str(tmp_path / "node-data")], capture_output=True, text=True, check=False)
     assert export.returncode == 0, export.stderr
@@ -72,7 +72,8 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
         path = tmp_path / "node-data" / f"client-{k}.npz"
         assert info["node_file"] == str(path) and info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     sim = tmp_path / "sim"  # the nodes' own files hold exactly the simulator's partitions
-    run_experiment(load_config("multimnist", [*SMALL, 'dtype="float64"', "partition.clients=3", "rounds=2",
+    run_experiment(load_config("multimnist", [*SMALL, 'dtype="float64"', "calibration.rounds=1", "partition.clients=3",
+                                              "rounds=2",
                                               "train.clients_per_round=3"]), sim, progress=False)
     for a, b in zip(rounds_of(out), rounds_of(sim), strict=True):
         assert a["clients"] == b["clients"]

@@ -342,7 +342,7 @@ def test_secure_fsmgda_recovers_clients_lost_between_stages_and_skips_below_thre
 
     ``clipping_range = 0.025`` clips a few update coordinates (|Delta| reaches ~0.08): the
     counter finds exactly those values, the means are of the clipped values. Only round 4 waits
-    for the stage timeout, which is generous (15 s) so that a slow but live node on a loaded
+    for the stage timeout, which is generous (10 s, as in ``test_flower_faults.py``) so that a slow but live node on a loaded
     machine is never taken for the lost one. summary.json counts only the clients left out of a
     mean (1 dropped, 3 rejected)."""
     dep, record, exits = secure_deployment
@@ -357,7 +357,7 @@ def test_secure_fsmgda_recovers_clients_lost_between_stages_and_skips_below_thre
                                      "flower.reconstruction_threshold=3", f"flower.clipping_range={clip}"])
     assert cfg.fsmgda.scale_decoders
     try:
-        run = dep.submit(cfg, tmp_path / "dropout", stage_timeout=15.0)
+        run = dep.submit(cfg, tmp_path / "dropout", stage_timeout=10.0)
     finally:
         exits.write_text("[]")  # later runs of the module lose no client
     r1, r2, r3, r4 = rounds_of(run)
