@@ -105,22 +105,12 @@ def _serverapp_pids(dep: Deployment) -> list[int]:
 
 
 def _stop_the_running_flower_run(dep: Deployment) -> None:
-    """``flwr stop`` of the deployment's one running run, over its Control API (in process, as
-    :func:`fedhv.flower.local._run_status` reads a run's status)."""
-    from flwr.cli.ls import _list_runs
-    from flwr.cli.typing import SuperLinkConnection
-    from flwr.cli.utils import init_http_client_from_connection
-    from flwr.proto.control_pb2 import StopRunRequest  # type: ignore[attr-defined]
+    """``flwr stop`` of the deployment's one running run, over its Control API (in process)."""
+    from fedhv.flower.control import running_runs, stop_run
 
-    conn = SuperLinkConnection(name="fedhv-local", address=f"127.0.0.1:{dep.port}",
-                               insecure=dep.root_certificates is None, root_certificates=dep.root_certificates)
-    client = init_http_client_from_connection(conn)
-    try:
-        running = [r.run_id for r in _list_runs(client) if r.status_text.startswith("running")]
-        assert len(running) == 1, running
-        assert client.StopRun(request=StopRunRequest(run_id=int(running[0]))).success
-    finally:
-        client.close()
+    running = running_runs(dep.port, dep.root_certificates)
+    assert len(running) == 1, running
+    assert stop_run(dep.port, running[0], dep.root_certificates)
 
 
 def _interrupted_after_round_1(dep: Deployment, cfg: RunConfig, run: Path) -> str:

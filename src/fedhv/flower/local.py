@@ -11,11 +11,12 @@
 
 generates the Flower app (``pyproject.toml`` with ``[tool.flwr.app.components]``
 ``fedhv.flower.server:app`` / ``fedhv.flower.client:app`` and the run config) and a
-``FLWR_HOME`` whose ``config.toml`` names the local SuperLink, submits the run with
-``flwr run``, follows ``rounds.jsonl`` for progress and the run's status on the
-SuperLink's Control API, and stops every process it started, by process group id
-(the PID of the process it started), also on Ctrl-C / SIGTERM. ``flwr run`` exits 0
-even when the ServerApp fails: the run counts as done only when Flower reports it
+``FLWR_HOME`` whose ``config.toml`` names the local SuperLink, submits the run as
+``flwr run`` does (in process: :func:`fedhv.flower.control.start_run`), follows
+``rounds.jsonl`` for progress and the run's status on the SuperLink's Control API, and
+stops every process it started, by process group id (the PID of the process it
+started), also on Ctrl-C / SIGTERM. A run whose ServerApp failed still ends with a
+status; the run counts as done only when Flower reports it
 ``finished:completed`` *and* ``summary.json`` exists.
 
 With ``tls`` the SuperLink serves HTTPS with a fresh test CA's certificate
@@ -32,7 +33,6 @@ Telemetry and the update check are off (``FLWR_TELEMETRY_ENABLED=0``,
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import IO, Any
 from fedhv.config import dumps, load_config, to_dict
 from fedhv.config.schema import RunConfig
 from fedhv.data.node_file import node_data_file
+from fedhv.flower.control import run_status, start_run
 from fedhv.flower.procs import FlowerRunError, console_script, free_ports, session_children, wait_port
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
@@ -222,7 +222,7 @@ class Deployment:
 
     def submit(self, cfg: RunConfig | None, out: str | Path | None = None, *, stage_timeout: float = 0.0,
                progress: Callable[[int, int], None] | None = None, resume: str | Path | None = None) -> Path:
-        """Run ``cfg`` (``flwr run``), follow it to the end; returns the run directory.
+        """Run ``cfg`` (as ``flwr run``), follow it to the end; returns the run directory.
 
         ``resume``: continue that unfinished run directory instead (``cfg`` and ``out``
         are then ``None``; its ``config.toml`` is the configuration).
@@ -248,13 +248,7 @@ class Deployment:
         if resume is not None:
             run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir)}
         (app_dir / "pyproject.toml").write_text(app_pyproject(run_config))
-        submit = subprocess.run([console_script("flwr"), "run", str(app_dir), "local", "--format", "json"], env=self.env,
-                                cwd=self.workdir, capture_output=True, text=True, timeout=120, check=False)
-        try:
-            run_id = int(json.loads(submit.stdout)["run-id"])
-        except (ValueError, KeyError, TypeError):
-            raise FlowerRunError(f"flwr run did not start the run (status {submit.returncode}): "
-                                 f"{(submit.stdout + submit.stderr).strip()[-500:]}") from None
+        run_id = start_run(self.port, app_dir, self.root_certificates)
         _follow(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log")
         return run_dir
 
@@ -276,25 +270,6 @@ class Deployment:
                 os.killpg(pid, signal.SIGKILL)
         for log in self.logs:
             log.close()
-
-
-def _run_status(control_port: int, run_id: int, root_certificates: str | None = None) -> str:
-    """``status[:sub-status]`` of a run from the SuperLink's Control API (in process)."""
-    # flwr prints "Using SuperLink: ..." each time, and its click use warns of deprecations
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from flwr.cli.ls import _display_one_run
-        from flwr.cli.typing import SuperLinkConnection
-        from flwr.cli.utils import init_http_client_from_connection
-
-        conn = SuperLinkConnection(name="fedhv-local", address=f"127.0.0.1:{control_port}",
-                                   insecure=root_certificates is None, root_certificates=root_certificates)
-        client = init_http_client_from_connection(conn)
-        try:
-            rows = _display_one_run(client, run_id)
-        finally:
-            client.close()
-    return rows[0].status_text if rows else ""
 
 
 def resume_config(run_dir: str | Path) -> RunConfig:
@@ -430,9 +405,10 @@ def _follow(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
         if progress is not None and lines != done:
             progress(lines, rounds)
         done = lines
-        if time.monotonic() - last_poll > 1.0:
+        # once summary.json is written the ServerApp is ending: ask more often
+        if time.monotonic() - last_poll > (0.2 if (run_dir / "summary.json").is_file() else 1.0):
             last_poll = time.monotonic()
-            status = _run_status(dep.port, run_id, dep.root_certificates)
+            status = run_status(dep.port, run_id, dep.root_certificates)
             if status.startswith("finished"):
                 break
         time.sleep(0.2)

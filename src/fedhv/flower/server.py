@@ -106,6 +106,10 @@ def main(grid: Grid, context: Context) -> None:
     a failed run, traceback included) also goes to that file: flwr 1.42 does not always
     keep a ServerApp's output anywhere the operator can read it."""
     logging.basicConfig(level=logging.INFO)
+    # httpx logs every request at INFO; flwr forwards each log line to the SuperLink with a
+    # request of its own (logged again), so its queue never empties and flwr-serverapp's exit
+    # waits out flush_logs' 3 s timeout after every run.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     run_config = dict(context.run_config)
     path = str(run_config.get("log", ""))
     handler = None
