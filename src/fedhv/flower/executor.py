@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve_forever(args.runtime_api_address, args.parent_pid,
-                      poll_s=float(os.environ.get("FEDHV_CLIENTAPP_POLL_S", "0.02")))
+        serve_forever(args.runtime_api_address, args.parent_pid)
     except KeyboardInterrupt:
         return 0
     return 0
