@@ -120,14 +120,16 @@ def run_task(address: str, token: str) -> None:
         client.close()
 
 
-def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.02, idle_poll_s: float = 0.5,
+def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.05, idle_poll_s: float = 0.5,
                   hot_s: float = 2.0) -> None:
     """Acquire and run ClientApp tasks until the parent SuperNode is gone (or a signal arrives).
 
     The poll backs off while no task comes: ``poll_s`` until ``hot_s`` seconds after the last
     task, then growing 1.5x per empty poll up to ``idle_poll_s`` (an idle ClientApp asks its
-    SuperNode twice a second, not fifty times; the SuperNode itself backs off the same way,
-    :mod:`fedhv.flower.supernode`).
+    SuperNode twice a second; the SuperNode itself backs off the same way,
+    :mod:`fedhv.flower.supernode`). 0.05 s adds 25 ms to a stage on average and, beside
+    0.02 s, takes ~15 % off the deployment's CPU time in a short run (each poll is an HTTP
+    request the SuperNode serves in Python).
     """
     client = _client(address)
     wait, last = poll_s, -float("inf")
@@ -167,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fedhv-clientapp %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    from fedhv._malloc import tune_allocator
+
+    tune_allocator()  # as fedhv run: local training re-faults its activations otherwise
     try:
         serve_forever(args.runtime_api_address, args.parent_pid)
     except KeyboardInterrupt:

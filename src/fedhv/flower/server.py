@@ -118,6 +118,9 @@ def main(grid: Grid, context: Context) -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
         logging.getLogger().addHandler(handler)
     try:
+        from fedhv._malloc import tune_allocator
+
+        tune_allocator()  # this process is the run's (flwr-serverapp); as fedhv run does
         fast_pulls()
         summary = serve(grid, run_config)
         log.info("fedhv run finished: mean_acc %s, %s s per round", summary.get("mean_acc"),
