@@ -1,4 +1,7 @@
-"""End-to-end CLI runs on real data (small subsets) and traceback-free errors."""
+"""End-to-end CLI runs on real data (small subsets) and traceback-free errors.
+
+``fedhv run`` runs once as a real process; the errors, the statistics and the re-run from a
+saved config.toml go through :func:`helpers.cli` (``fedhv.cli.main`` in this process)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL
+from helpers import cli
 
 
 def fedhv(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -59,7 +63,7 @@ def test_run_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert summary["reference"] == cal["reference"] and cal["rounds"] == 2
     # The saved config reproduces the run.
     again = tmp_path / "again"
-    fedhv("run", str(out / "config.toml"), "--out", str(again), "--quiet")
+    assert cli("run", str(out / "config.toml"), "--out", str(again), "--quiet").returncode == 0
     assert json.loads((again / "summary.json").read_text())["task_acc"] == summary["task_acc"]
 
 
@@ -73,7 +77,8 @@ def test_uniform_run_on_mnist_fmnist(tmp_path: Path) -> None:
 
 
 def test_partition_stats_prints_histograms() -> None:
-    proc = fedhv("partition-stats", "multimnist")
+    proc = cli("partition-stats", "multimnist")
+    assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "30 clients x 600 samples" in lines[0] and "100 present" in lines[0]
     rows = [ln for ln in lines if ln.strip().split(" ")[0].isdigit()]
@@ -96,8 +101,7 @@ def test_errors_are_clear_and_traceback_free(args: list[str], expected: str, tmp
     # An empty derived-data cache, so that missing source files are noticed.
     env = {"FEDHV_CACHE": str(tmp_path / "cache")}
     out = tmp_path / "run"
-    proc = fedhv("run", "multimnist", "--rounds", "1", "--quiet", "--out", str(out), *_sets(), *args,
-                 check=False, env=env)
+    proc = cli("run", "multimnist", "--rounds", "1", "--quiet", "--out", str(out), *_sets(), *args, env=env)
     assert proc.returncode == 2
     assert not out.exists()  # a failed start leaves no run directory behind
     assert expected in proc.stderr

@@ -4,9 +4,7 @@ gives one-line errors, seeds are refused outside the range the random streams us
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +13,12 @@ from fedhv.config import load_config
 from fedhv.config.loader import load_setting
 from fedhv.errors import ConfigError
 
+from helpers import cli
+
 
 def fedhv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``fedhv ARGS`` in a real process."""
-    return subprocess.run([sys.executable, "-m", "fedhv.cli", *args], capture_output=True, text=True, timeout=120,
-                          check=False, cwd=cwd, env=dict(os.environ))
+    """``fedhv ARGS`` (``fedhv.cli.main`` in this process, :func:`helpers.cli`)."""
+    return cli(*args, cwd=cwd)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *expected: str) -> None:

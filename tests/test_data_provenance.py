@@ -10,8 +10,6 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from fedhv.data.cifar import CLASSES, load_cifar10
 from fedhv.errors import DataError
 
 from conftest import REPO, SMALL
+from helpers import cli
 
 
 @pytest.fixture(autouse=True)
@@ -136,10 +135,9 @@ def test_empty_data_dir_with_warm_cache_says_so(
     built = load_benchmark("multimnist", root=str(data_root))
     empty = tmp_path / "empty"
     empty.mkdir()
-    # The real CLI says it in one line.
-    env = {**os.environ, "FEDHV_CACHE": str(_own_cache)}
-    proc = subprocess.run([sys.executable, "-m", "fedhv.cli", "partition-stats", "multimnist", "--data-dir", str(empty)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    # The CLI says it in one line.
+    proc = cli("partition-stats", "multimnist", "--data-dir", str(empty), env={"FEDHV_CACHE": str(_own_cache)},
+               cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "sources missing" in ln]
     assert len(lines) == 1 and f"data: sources missing under {empty}; using the cached derived arrays built from " \

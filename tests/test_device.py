@@ -39,7 +39,7 @@ from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
 from fedhv.weighting.randsvd import compress
 
-from helpers import small_config, small_data
+from helpers import cli, small_config, small_data
 
 META = torch.device("meta")
 
@@ -165,8 +165,7 @@ def test_load_config_rejects_unknown_or_unavailable_devices(device: str, reporte
 def test_show_config_rejects_devices_with_one_line(device: str) -> None:
     if device == "cuda:7" and not _cuda_index_missing(7):
         pytest.skip("this machine has a cuda:7")
-    proc = subprocess.run([sys.executable, "-m", "fedhv.cli", "show-config", "multimnist", "--set", f"device={device}"],
-                          capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ))
+    proc = cli("show-config", "multimnist", "--set", f"device={device}")
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()

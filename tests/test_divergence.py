@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +24,12 @@ from fedhv.sim.faults import FaultInjector
 from fedhv.sim.federation import SimFederation
 
 from conftest import SMALL
-from helpers import small_config, small_data
+from helpers import cli, small_config, small_data
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     sets = [x for s in SMALL for x in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "fedhv.cli", "run", "multimnist", *sets, *args, "--quiet"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    return cli("run", "multimnist", *sets, *args, "--quiet")
 
 
 @pytest.mark.parametrize(("override", "says"), [

@@ -21,6 +21,7 @@ from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE, run_experiment
 from flower_support import EQUIV, HAVE_FLWR, NODES, rounds_of, theta_of
 
 from conftest import SMALL
+from helpers import cli
 
 pytestmark = pytest.mark.skipif(not HAVE_FLWR, reason="the Flower back-end needs flwr: pip install -e '.[test,flower]'")
 if HAVE_FLWR:
@@ -165,10 +166,8 @@ def test_held_gradients_are_bound_to_their_model() -> None:
 
 def test_flower_local_resume_usage_errors(tmp_path: Path) -> None:
     """``fedhv flower local --resume``: one-line errors for a non-run directory and extra settings."""
-    base = [sys.executable, "-m", "fedhv.cli", "flower", "local"]
-    res = subprocess.run([*base, "--resume", str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)
+    res = cli("flower", "local", "--resume", str(tmp_path))
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         f"error: --resume {tmp_path}: no config.toml there; give the directory of a fedhv run"), res.stderr
-    res = subprocess.run([*base, "multimnist", "--resume", str(tmp_path), "--set", "rounds=3"], capture_output=True,
-                         text=True, timeout=60, check=False)
+    res = cli("flower", "local", "multimnist", "--resume", str(tmp_path), "--set", "rounds=3")
     assert res.returncode == 2 and "drop SETTING, --set" in res.stderr and "Traceback" not in res.stderr

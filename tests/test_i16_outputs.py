@@ -7,11 +7,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -26,7 +24,8 @@ from fedhv.config.schema import RunConfig
 from fedhv.results.collect import Run, find_runs
 from fedhv.results.tables import build_tables
 
-from conftest import REPO, SMALL
+from conftest import SMALL
+from helpers import cli
 
 SETS = [a for o in SMALL for a in ("--set", o)]
 CSV_HEADER = ("table", "setting", "method", "metric", "mean", "std", "n_seeds", "paper_mean", "paper_std")
@@ -44,10 +43,8 @@ def runs(grid: Path) -> list[Run]:
 
 
 def fedhv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``fedhv ARGS`` in a real process."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "fedhv.cli", *args], capture_output=True, text=True, timeout=300,
-                          check=False, env=env, cwd=cwd)
+    """``fedhv ARGS`` (``fedhv.cli.main`` in this process, :func:`helpers.cli`)."""
+    return cli(*args, cwd=cwd)
 
 
 # ---------------------------------------------------------------------------------------------- LaTeX

@@ -11,9 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,10 +25,12 @@ from fedhv.data.benchmarks import load_benchmark
 from fedhv.data.partition import dirichlet_partition
 from fedhv.objectives import CLASSIFICATION, MultiLabel
 
+from helpers import cli
+
 
 def fedhv(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedhv.cli", *args], capture_output=True, text=True, timeout=300,
-                          check=False, env=dict(os.environ))
+    """``fedhv ARGS`` (``fedhv.cli.main`` in this process, :func:`helpers.cli`)."""
+    return cli(*args)
 
 
 @pytest.fixture(scope="module")

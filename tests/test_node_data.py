@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from fedhv.experiment.setup import load_data
 from fedhv.flower.node import NodeWorker, StageOrder
 
 from conftest import SMALL
+from helpers import cli
 
 CFG = [*SMALL, "partition.clients=4", 'dtype="float64"', 'engine="sequential"']
 
@@ -103,8 +102,7 @@ def test_missing_file_and_wrong_image_size_are_named_errors(tmp_path: Path) -> N
 
 def test_flower_export_command_writes_one_file_per_node(tmp_path: Path) -> None:
     sets = [x for item in SMALL for x in ("--set", item)]
-    res = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "export", "multimnist", "--nodes", "3",
-                          *sets, "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    res = cli("flower", "export", "multimnist", "--nodes", "3", *sets, "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
     cfg = load_config("multimnist", [*SMALL, "partition.clients=3", "train.clients_per_round=3"])
     _, parts = load_data(cfg)
@@ -113,6 +111,5 @@ def test_flower_export_command_writes_one_file_per_node(tmp_path: Path) -> None:
             assert len(z["x"]) == parts.shape[1]
     with np.load(node_data_file(tmp_path, 2)) as z, np.load(export_partition(cfg, 2, tmp_path / "x.npz")) as ref:
         np.testing.assert_array_equal(z["x"], ref["x"])
-    bad = subprocess.run([sys.executable, "-m", "fedhv.cli", "flower", "export", "multimnist", "--nodes", "3",
-                          *sets, "--clients", "3", "--out", str(tmp_path)], capture_output=True, text=True, check=False)
+    bad = cli("flower", "export", "multimnist", "--nodes", "3", *sets, "--clients", "3", "--out", str(tmp_path))
     assert bad.returncode == 2 and "clients 0..2" in bad.stderr

@@ -17,6 +17,7 @@ from fedhv.errors import ConfigError
 from flower_support import HAVE_FLWR, needs_flwr
 
 from conftest import SMALL
+from helpers import cli
 
 if HAVE_FLWR:
     from fedhv.flower.local import FlowerRunError, local_deployment
@@ -48,12 +49,11 @@ def _secure_run_dir(path: Path) -> str:
 
 
 def test_simulator_refuses_secure_aggregation_cli(tmp_path: Path) -> None:
-    """``fedhv run`` with ``flower.secure_aggregation = true`` (a real process) fails with one line
+    """``fedhv run`` with ``flower.secure_aggregation = true`` fails with one line
     naming the key and the fix, before any run directory is created (``--resume``: the API test)."""
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "fedhv.cli", "run", "multimnist", "--set",
-                          "flower.secure_aggregation=true", "--out", str(out), "--quiet"],
-                         capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    res = cli("run", "multimnist", "--set", "flower.secure_aggregation=true", "--out", str(out), "--quiet",
+              cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.strip().splitlines() == [
         (f"{REFUSED} and the simulator would see every client's update and report; run it with `fedhv flower "
