@@ -120,3 +120,28 @@ def test_mnist_fmnist_pairs_are_a_permutation(data_root: Path) -> None:
     counts = np.bincount(bench.test_y[:, 1], minlength=10)
     assert counts.tolist() == [1000] * 10  # every Fashion-MNIST test item used exactly once
     assert bench.task_names == ("digit", "fashion")
+
+
+def test_federated_data_holds_exactly_the_partitioned_samples_in_order() -> None:
+    """``FederatedData.from_benchmark`` converts only the samples some client holds: every client's
+    samples (images, labels, order) equal the normalised benchmark samples at its original
+    indices, and no sample outside the partition is kept."""
+    import torch
+
+    from fedhv.config import load_config
+    from fedhv.data.federated import FederatedData, to_tensor_images
+    from fedhv.experiment.setup import load_data
+
+    cfg = load_config("multimnist", ["partition.clients=5", "partition.samples_per_client=40", "train.clients_per_round=5"])
+    bench, parts = load_data(cfg)
+    data = FederatedData.from_benchmark(bench, parts, dtype=torch.float64)
+    assert len(data.train_x) == len(np.unique(parts)) < len(bench.train_x) // 100
+    assert data.parts.shape == parts.shape and data.parts.dtype == torch.int64
+    for c in range(parts.shape[0]):
+        want = to_tensor_images(bench.train_x[parts[c]], bench.mean, bench.std, torch.float64, "cpu")
+        assert torch.equal(data.train_x[data.parts[c]], want)
+        assert torch.equal(data.train_y[data.parts[c]], torch.from_numpy(bench.train_y[parts[c]]))
+    # the same partition over all samples keeps them all, unpermuted
+    everything = np.arange(len(bench.train_x)).reshape(1, -1)
+    full = FederatedData.from_benchmark(bench, everything)
+    assert torch.equal(full.parts, torch.from_numpy(everything)) and len(full.train_x) == len(bench.train_x)

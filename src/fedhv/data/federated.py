@@ -35,9 +35,10 @@ class FederatedData:
     task_names : tuple of str
     num_classes : tuple of int
     train_x : Tensor ``[n, 1, H, W]``, normalised
+        The training samples some client holds (:meth:`from_benchmark` converts only those).
     train_y : Tensor, int64 ``[n, m]``
     parts : Tensor, int64 ``[N, S]``
-        Client ``c`` holds training indices ``parts[c]``.
+        Client ``c`` holds the samples ``train_x[parts[c]]``.
     eval_sets : dict
         ``{"test": (x, y), "val": (x, y)}``.
     augment : Augment or None
@@ -90,12 +91,20 @@ class FederatedData:
         provenance = dict(bench.provenance)
         if provenance and len(test_x) != len(bench.test_x):
             provenance["samples"] = {**provenance.get("samples", {}), "test_evaluated": len(test_x)}
+        # Only the samples the partition holds become normalised tensors, in their order in the
+        # benchmark (``used`` is sorted, so every client's samples keep their order and every
+        # draw through ``parts`` is unchanged): 3 clients x 64 samples of MultiMNIST are 192
+        # images instead of 60,000 (0.6 s and 620 MB in float64).
+        used = np.unique(parts)
+        train_x, train_y = bench.train_x, bench.train_y
+        if len(used) < len(train_x):
+            train_x, train_y, parts = train_x[used], train_y[used], np.searchsorted(used, parts)
         return cls(
             task_names=bench.task_names,
             num_classes=bench.num_classes,
-            train_x=images(bench.train_x),
-            train_y=labels(bench.train_y),
-            parts=torch.from_numpy(parts).to(device),
+            train_x=images(train_x),
+            train_y=labels(train_y),
+            parts=torch.from_numpy(np.ascontiguousarray(parts, dtype=np.int64)).to(device),
             eval_sets={"test": (images(test_x), labels(test_y)), "val": (images(bench.val_x), labels(bench.val_y))},
             augment=bench.augment if augment and bench.augment.active else None,
             objective=bench.objective,
