@@ -96,10 +96,11 @@ def test_inference_forward_only_where_it_applies() -> None:
 @pytest.mark.parametrize("dtype,atol", [("float64", 1e-12), ("float32", 1e-5)])
 def test_per_sample_losses_rows_equal_per_sample_oracle(dtype: str, atol: float) -> None:
     """``rows`` (unsorted, repeated, more than one chunk) evaluates exactly those samples in that order."""
-    cfg = small_config(f"dtype='{dtype}'")
+    cfg = small_config(f"dtype='{dtype}'", "partition.samples_per_client=200")  # 1,200 samples > CHUNK + 37
     data = small_data(cfg)
     model = _trained_like(new_model(cfg, data, 0))
     g = torch.Generator().manual_seed(5)
+    assert len(data.train_x) > CHUNK + 37
     rows = torch.cat([torch.randperm(len(data.train_x), generator=g)[: CHUNK + 37], torch.tensor([7, 7, 3])])
     losses, correct = per_sample_losses(model, data.train_x, data.train_y, 100, data.objective, rows=rows)
     ref_l, ref_c = _oracle(model, data.train_x, data.train_y, rows, data.objective)
