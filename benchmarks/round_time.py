@@ -58,14 +58,16 @@ def memory_note(device: str) -> str:
     return note
 
 
-def time_rounds(cfg, data, method: str, engine_name: str, rounds: int):  # type: ignore[no-untyped-def]
+def time_rounds(cfg, data, method: str, engine_name: str, rounds: int,  # type: ignore[no-untyped-def]
+                reference: str | tuple[float, ...] = "paper"):
     """Median (total, client, server, CPU) seconds of ``rounds`` rounds after one warm-up.
 
     CPU is the process's CPU time (``time.process_time``: all threads, user + system); on a
     shared, loaded machine it moves far less with the load than the wall time does.
+    ``reference``: FedHV's (no calibration is timed).
     """
     run_cfg = dataclasses.replace(cfg, method=method, engine=engine_name, fedhv=dataclasses.replace(
-        cfg.fedhv, reference="paper"))
+        cfg.fedhv, reference=reference))
     run_cfg = load_config_like(run_cfg)
     alg = build_method(run_cfg, data).algorithm
     model = new_model(run_cfg, data, 0)
