@@ -23,12 +23,12 @@ import dataclasses
 import os
 
 import torch
+from round_time import memory_note, time_rounds
 
 from fedhv._malloc import tune_allocator
 from fedhv.config import load_config
 from fedhv.data.federated import FederatedData
 from fedhv.experiment.setup import federated_data
-from round_time import memory_note, time_rounds
 
 
 def with_tasks(data: FederatedData, m: int) -> FederatedData:
