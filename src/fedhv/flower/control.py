@@ -62,8 +62,8 @@ def start_run(port: int, app_dir: Path, root_certificates: str | None = None) ->
 
         try:  # the components are imported by the ServerApp / ClientApps, not here
             load_and_validate(app_dir / "pyproject.toml", check_module=False)
-        except ValueError as exc:
-            raise FlowerRunError(str(exc)) from None
+        except ValueError as exc:  # flwr lists the problems one per line: keep the error to one line
+            raise FlowerRunError(" ".join(line.strip() for line in str(exc).splitlines())) from None
         fab_bytes = build_fab_from_disk(app_dir)
     fab = Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
     request = StartRunRequest(fab=fab_to_proto(fab), override_config=user_config_to_proto({}), federation="",
