@@ -13,12 +13,7 @@ from fedhv.config import load_config
 from fedhv.config.loader import load_setting
 from fedhv.errors import ConfigError
 
-from helpers import cli
-
-
-def fedhv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``fedhv ARGS`` (``fedhv.cli.main`` in this process, :func:`helpers.cli`)."""
-    return cli(*args, cwd=cwd)
+from helpers import cli as fedhv  # fedhv.cli.main in this process
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *expected: str) -> None:

@@ -25,7 +25,7 @@ from fedhv.results.collect import Run, find_runs
 from fedhv.results.tables import build_tables
 
 from conftest import SMALL
-from helpers import cli
+from helpers import cli as fedhv  # fedhv.cli.main in this process
 
 SETS = [a for o in SMALL for a in ("--set", o)]
 CSV_HEADER = ("table", "setting", "method", "metric", "mean", "std", "n_seeds", "paper_mean", "paper_std")
@@ -42,9 +42,6 @@ def runs(grid: Path) -> list[Run]:
     return find_runs(grid)[0]
 
 
-def fedhv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``fedhv ARGS`` (``fedhv.cli.main`` in this process, :func:`helpers.cli`)."""
-    return cli(*args, cwd=cwd)
 
 
 # ---------------------------------------------------------------------------------------------- LaTeX

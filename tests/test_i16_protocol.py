@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,7 @@ from fedhv.data.benchmarks import load_benchmark
 from fedhv.data.partition import dirichlet_partition
 from fedhv.objectives import CLASSIFICATION, MultiLabel
 
-from helpers import cli
-
-
-def fedhv(*args: str) -> subprocess.CompletedProcess[str]:
-    """``fedhv ARGS`` (``fedhv.cli.main`` in this process, :func:`helpers.cli`)."""
-    return cli(*args)
+from helpers import cli as fedhv  # fedhv.cli.main in this process
 
 
 @pytest.fixture(scope="module")
