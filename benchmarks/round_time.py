@@ -10,11 +10,14 @@ rounds after a warm-up), the client-time split into objective reports and local
 training, FLOPs per round (``torch.utils.flop_counter`` on the sequential engine:
 convolutions and matrix products, forward and backward), achieved GFLOP/s and the
 batched/sequential ratio, and the achieved GFLOP/s of the report pass and of the training
-pass separately. Then the batched report pass and one test evaluation run alternately with
+pass separately, and the round's share of the machine's measured fp32 peak (``peak.py``). Then the batched report pass and one test evaluation run alternately with
 the plain ``model(x)`` forward and the fast inference path (:mod:`fedhv.models.inference`),
 median wall and CPU seconds of each, plus the evaluation time of a whole run (every
 ``eval.test_period`` rounds and the final one). Part 2 times one round of each method with
-the batched engine, split into client and server time, as ratios to Uniform. The 1-minute
+the batched engine, split into client and server time, as ratios to Uniform, and projects
+each method's whole run (:func:`end_to_end`: ``rounds`` rounds, the test evaluations and, for
+FedHV, its uniform-weight calibration; the accounting of the paper's Table 13) with its ratio
+to FedHV (``--set rounds=300`` for Table 13's run length). The 1-minute
 load average is printed at the start and the end (other processes share the cores).
 
 Every timing line ends with the process's peak RSS so far (``getrusage`` ``ru_maxrss``;
@@ -37,6 +40,7 @@ import time
 
 import numpy as np
 import torch
+from peak import fp32_peak, measure
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedhv._malloc import tune_allocator
@@ -129,20 +133,24 @@ def main() -> None:
             engine.train(theta, clients, w, 0)
     rep_flops = rep_counter.get_total_flops()
     flops = counter.get_total_flops() + rep_flops
-    print(f"\nFedHV round: {flops / 1e9:.2f} GFLOP (report pass {rep_flops / 1e9:.2f})")
+    peak = fp32_peak(measure(torch.device(cfg.device), (torch.float32,), (2048,)))
+    print(f"\nFedHV round: {flops / 1e9:.2f} GFLOP (report pass {rep_flops / 1e9:.2f}); measured fp32 peak "
+          f"{peak:.1f} GFLOP/s (benchmarks/peak.py: 2048-matmul and 64-channel 3x3 convolution)")
     print(f"{'engine':<11} {'s/round':>8} {'reports':>8} {'training':>9} {'GFLOP/s':>8} {'rep GF/s':>8} "
-          f"{'trn GF/s':>8} {'CPU s':>7}")
-    results = {}
+          f"{'trn GF/s':>8} {'CPU s':>7} {'% peak':>6}")
+    results: dict[str, float] = {}
+    reports: dict[str, float] = {}
     engines = {}
     for name in ("batched",) if args.no_sequential else ("sequential", "batched"):
         (total, _, _, cpu), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
         rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
-        results[name], engines[name] = total, eng
+        results[name], engines[name], reports[name] = total, eng, rep
         chunk = getattr(eng, "chunk_choice", None)
         print(f"{name:<11} {total:8.3f} {rep:8.3f} {total - rep:9.3f} {flops / total / 1e9:8.1f} "
-              f"{rep_flops / rep / 1e9:8.1f} {(flops - rep_flops) / max(total - rep, 1e-9) / 1e9:8.1f} {cpu:7.2f}   "
+              f"{rep_flops / rep / 1e9:8.1f} {(flops - rep_flops) / max(total - rep, 1e-9) / 1e9:8.1f} {cpu:7.2f} "
+              f"{100 * flops / total / 1e9 / peak:6.1f}   "
               f"{memory_note(cfg.device)}" + (f"; {chunk.describe()}" if chunk else ""))
-    inference_passes(cfg, data, engines["batched"], theta, clients, rep_flops)
+    evaluation = inference_passes(cfg, data, engines["batched"], theta, clients, rep_flops)
     if "sequential" in results:
         print(f"batched / sequential: {results['sequential'] / results['batched']:.2f}x faster "
               f"(FLOP utilisation {results['sequential'] / results['batched']:.2f}x)")
@@ -158,26 +166,66 @@ def main() -> None:
     # Part 2: methods.
     print(f"\n{'method':<9} {'s/round':>8} {'client':>8} {'server':>8} {'vs uniform':>10} {'CPU s':>7}")
     base = None
+    per_round: dict[str, float] = {}
     for method in args.methods.split(","):
         (total, client, server, cpu), _, _ = time_rounds(cfg, data, method, "batched", args.rounds)
         base = base or total
+        per_round[method] = total
         print(f"{method:<9} {total:8.3f} {client:8.3f} {server:8.3f} {total / base:10.2f} {cpu:7.2f}   "
               f"{memory_note(cfg.device)}")
+    if "uniform" in per_round:
+        print_end_to_end(cfg, per_round, reports["batched"], evaluation)
     print(f"\nload (1 min) at the end: {os.getloadavg()[0]:.2f}")
 
 
-def inference_passes(cfg, data, engine, theta, clients, rep_flops: int, reps: int = 5) -> None:  # type: ignore[no-untyped-def]
+def evaluations_per_run(cfg) -> int:  # type: ignore[no-untyped-def]
+    """Test evaluations of a run: every ``eval.test_period`` rounds plus the final one (``eval.final``)."""
+    period, rounds = cfg.eval.test_period, cfg.rounds
+    return (rounds // period if period else 0) + int(cfg.eval.final and (not period or rounds % period != 0))
+
+
+def end_to_end(cfg, per_round: dict[str, float], report_s: float, eval_s: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Projected seconds of a whole run of each method (the paper's Table 13 accounting).
+
+    ``R`` adaptive rounds of the method, plus ``E`` test evaluations
+    (:func:`evaluations_per_run`) of ``eval_s`` each; FedHV with ``reference = "calibrate"``
+    adds its calibration, ``R_cal * |seeds|`` uniform-weight rounds with reports
+    (``per_round["uniform"] + report_s`` each: a Uniform round plus the report pass)::
+
+        T_method = R * t_method + E * t_eval  [+ R_cal * |seeds| * (t_uniform + t_report)]
+    """
+    evals = evaluations_per_run(cfg) * eval_s
+    out = {m: cfg.rounds * t + evals for m, t in per_round.items()}
+    if "fedhv" in out and cfg.fedhv.reference == "calibrate":
+        out["fedhv"] += cfg.calibration.rounds * len(cfg.calibration.seeds) * (per_round["uniform"] + report_s)
+    return out
+
+
+def print_end_to_end(cfg, per_round: dict[str, float], report_s: float, eval_s: float) -> None:  # type: ignore[no-untyped-def]
+    """Print :func:`end_to_end` and each method's ratio to FedHV."""
+    total = end_to_end(cfg, per_round, report_s, eval_s)
+    cal = (f"FedHV with its {cfg.calibration.rounds * len(cfg.calibration.seeds)}-round calibration"
+           if cfg.fedhv.reference == "calibrate" else "no calibration (fixed reference)")
+    print(f"\nprojected run of {cfg.rounds} rounds + {evaluations_per_run(cfg)} test evaluations of {eval_s:.3f} s "
+          f"({cal}):")
+    for method, t in total.items():
+        ratio = f"{t / total['fedhv']:8.2f}" if "fedhv" in total else ""
+        print(f"{method:<9} {t:10.1f} s {ratio}")
+
+
+def inference_passes(cfg, data, engine, theta, clients, rep_flops: int, reps: int = 5) -> float:  # type: ignore[no-untyped-def]
     """Batched report pass and test evaluation: plain ``model(x)`` vs the fast path.
 
     The two paths alternate ``reps`` times in this process (median wall and CPU seconds
     of each), so a change of the machine's load hits both. Evaluations per run: every
-    ``eval.test_period`` rounds plus the final one (``eval.final``).
+    ``eval.test_period`` rounds plus the final one (``eval.final``). Returns the fast
+    path's median seconds of one test evaluation.
     """
     x, y = data.eval_sets["test"]
     evaluator = new_model(cfg, data, 0)
     set_flat(evaluator, theta)
-    period, rounds = cfg.eval.test_period, cfg.rounds
-    calls = (rounds // period if period else 0) + int(cfg.eval.final and (not period or rounds % period != 0))
+    calls, rounds = evaluations_per_run(cfg), cfg.rounds
+    eval_s = 0.0
     passes = {
         f"reports, batched ({int(sum(len(engine.report_indices(int(c), 0, 'all')) for c in clients)):,} samples)":
             (lambda: engine.reports(theta, clients, 0, "all"), rep_flops),
@@ -198,8 +246,10 @@ def inference_passes(cfg, data, engine, theta, clients, rep_flops: int, reps: in
         fw, fc = (statistics.median(t[i] for t in fast) for i in range(2))
         print(f"{label:<38} {pw:8.3f} {fw:8.3f} {pc:9.3f} {fc:9.3f} {pw / fw:8.2f} {flop / fw / 1e9:9.1f}")
         if label.startswith("test"):
+            eval_s = fw
             print(f"{f'  per run ({calls} evaluations of {rounds} rounds)':<38} {pw * calls:8.2f} {fw * calls:8.2f} "
                   f"{pc * calls:9.2f} {fc * calls:9.2f}")
+    return eval_s
 
 
 def profile_round(cfg, data, top: int) -> None:  # type: ignore[no-untyped-def]
