@@ -8,7 +8,7 @@ CelebA (which may not be redistributed).
 Usage::
 
     python benchmarks/celeba_round.py [--engine batched|sequential] [--chunk C] [--rounds R]
-                                      [--variant fused|vmap] [--precision fp32|bf16]
+                                      [--variant fused|vmap] [--precision fp32|bf16] [--profile N]
 
 ``--variant vmap`` hides ``ResNet18GN.forward_batched`` so that the batched engine falls
 back to ``torch.func.vmap`` (the engine before issue 13), for before/after timings. Each
@@ -20,6 +20,7 @@ measured peak RSS growth of the round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import time
 from collections.abc import Callable
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--variant", default="fused", choices=["fused", "vmap"],
                         help="batched engine's forward: ResNet18GN.forward_batched or torch.func.vmap")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the top N operators (self CPU time) of the last round")
     args = parser.parse_args()
     tune_allocator()
     if args.variant == "vmap":
@@ -93,13 +96,26 @@ def main() -> None:
     for r in range(args.rounds):
         sampled = np.sort(np.random.default_rng(r).choice(clients, 10, replace=False))
         fed = SimFederation(engine, sampled, r)
+        profiler = _profiler() if args.profile and r == args.rounds - 1 else contextlib.nullcontext()
         t0 = time.perf_counter()
-        res = alg.round(state, theta, fed)
+        with profiler as prof:
+            res = alg.round(state, theta, fed)
         state, theta = res.state, res.theta
         print(f"round {r + 1}: {time.perf_counter() - t0:.1f} s (client {fed.client_seconds:.1f} s: reports "
               f"{seconds['reports']:.1f} s, train {seconds['train']:.1f} s), peak RSS {peak_rss_gib():.2f} GiB "
               f"(+{peak_rss_gib() - start_rss:.2f}), report {np.round(res.log['report'], 4).tolist()}", flush=True)
         seconds.update(reports=0.0, train=0.0)
+    if args.profile:
+        print(f"\nprofile of round {args.rounds} (top {args.profile} by self CPU time; times include the profiler's "
+              "overhead):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile,
+                                        max_name_column_width=40))
+
+
+def _profiler():  # type: ignore[no-untyped-def]
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU])
 
 
 def _timed(fn: Callable[..., torch.Tensor], seconds: dict[str, float], name: str) -> Callable[..., torch.Tensor]:

@@ -3,7 +3,7 @@
 Usage::
 
     FEDHV_DATA=../shared/data python benchmarks/round_time.py [SETTING] [--rounds R]
-        [--methods fedhv,uniform,fsmgda,fedcmoo] [--set k=v ...] [--no-sequential] [--profile N]
+        [--methods fedhv,uniform,fsmgda,fedcmoo] [--set k=v ...] [--no-sequential] [--profile N [--profile-only]]
 
 Part 1 times FedHV rounds with both engines: seconds per round (median of ``R`` timed
 rounds after a warm-up), the client-time split into objective reports and local
@@ -107,10 +107,16 @@ def main() -> None:
     parser.add_argument("--no-sequential", action="store_true", help="time only the batched engine in Part 1")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="print the top N operators of one batched FedHV round")
+    parser.add_argument("--profile-only", action="store_true", help="with --profile N: only the profile")
     args = parser.parse_args()
     tuned = tune_allocator()
     cfg = load_config(args.setting, args.overrides)
     data = federated_data(cfg)
+    if args.profile_only:
+        if not args.profile:
+            parser.error("--profile-only needs --profile N (N > 0): the number of operators to print")
+        profile_round(cfg, data, args.profile)
+        return
     print(
         f"{cfg.setting}: {cfg.train.clients_per_round} clients x {cfg.train.local_steps} steps x batch "
         f"{cfg.train.batch_size}, reports over {cfg.partition.samples_per_client} samples/client; "
