@@ -46,6 +46,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedhv._malloc import tune_allocator
 from fedhv.config import load_config
 from fedhv.experiment.methods import build_method
+from fedhv.experiment.runner import eval_due
 from fedhv.experiment.setup import federated_data, make_engine, new_model, sample_clients
 from fedhv.metrics.evaluate import evaluate_tasks
 from fedhv.models import get_flat, set_flat
@@ -185,9 +186,8 @@ def main() -> None:
 
 
 def evaluations_per_run(cfg) -> int:  # type: ignore[no-untyped-def]
-    """Test evaluations of a run: every ``eval.test_period`` rounds plus the final one (``eval.final``)."""
-    period, rounds = cfg.eval.test_period, cfg.rounds
-    return (rounds // period if period else 0) + int(cfg.eval.final and (not period or rounds % period != 0))
+    """Test evaluations of a run: the rounds the runner evaluates after (:func:`~fedhv.experiment.runner.eval_due`)."""
+    return sum(eval_due(r, cfg) for r in range(1, cfg.rounds + 1))
 
 
 def end_to_end(cfg, per_round: dict[str, float], report_s: float, eval_s: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
