@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from fedhv.models import LeNetMTL, ParamLayout, default_init, get_flat, set_flat
-from fedhv.models.lenet import max_pool2
+from fedhv.models.functional import max_pool2
 from fedhv.rng import torch_generator
 
 
@@ -101,8 +102,9 @@ def test_cifar_batched_forward_equals_per_copy_forward() -> None:
             torch.testing.assert_close(out[task][k], ref[task], rtol=0, atol=1e-11)
 
 
-def _cifar_relu_then_pool(m, x: torch.Tensor, masks: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The CIFAR CNN in the paper's order (conv -> ReLU -> max-pool), written from scratch."""
+
+def _cifar_paper_order(m, x: torch.Tensor, masks: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The CIFAR CNN in the paper's order (conv with bias -> ReLU -> max-pool), written from scratch."""
     h = F.max_pool2d(F.relu(F.conv2d(x, m.conv1.weight, m.conv1.bias, padding=1)), 2)
     h = F.max_pool2d(F.relu(F.conv2d(h, m.conv2.weight, m.conv2.bias, padding=1)), 2)
     h = F.relu(F.linear(h.flatten(1), m.fc1.weight, m.fc1.bias)) * masks["fc1"] * 2.0
@@ -111,20 +113,35 @@ def _cifar_relu_then_pool(m, x: torch.Tensor, masks: dict[str, torch.Tensor]) ->
             for hd in m.heads]
 
 
-def test_cifar_pool_before_relu_equals_the_paper_order_with_ties() -> None:
-    """Pooling before ReLU (both engines) has the paper order's outputs and gradients, ties included.
+def _lenet_paper_order(m, x: torch.Tensor, masks: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """LeNet in the reference order (conv with bias -> max-pool -> ReLU), written from scratch."""
+    h = F.relu(F.max_pool2d(F.conv2d(x, m.conv1.weight, m.conv1.bias, padding=1), 2))
+    h = F.relu(F.max_pool2d(F.conv2d(h, m.conv2.weight, m.conv2.bias), 2))
+    z = F.relu(F.linear(h.flatten(1), m.fc.weight, m.fc.bias)) * masks["encoder"] * 2.0
+    out = []
+    for i, hd in enumerate(m.heads):
+        h = F.relu(F.linear(z, hd.fc1.weight, hd.fc1.bias)) * masks[f"head{i}"] * 2.0
+        out.append(F.log_softmax(F.linear(h, hd.fc2.weight, hd.fc2.bias), -1))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["cifar", "lenet"])
+def test_models_equal_the_paper_layer_order_with_tied_windows(arch: str) -> None:
+    """Pool before ReLU and bias after pooling (both engines) give the paper order's outputs and gradients.
 
     Blank images make every 2x2 window of a feature map tie (each value is the channel's bias),
     with positive and negative biases: the case where the gradient's routing could differ.
     """
     from fedhv.models import CifarCNN
 
-    m = CifarCNN((10, 10)).double()
+    m = (CifarCNN((10, 10)) if arch == "cifar" else LeNetMTL((10, 10))).double()
     default_init(m, torch_generator(3, "init"))
+    reference = _cifar_paper_order if arch == "cifar" else _lenet_paper_order
     with torch.no_grad():
-        m.conv1.bias.copy_(torch.linspace(-0.5, 0.5, 64, dtype=torch.float64))
+        m.conv1.bias.copy_(torch.linspace(-0.5, 0.5, m.conv1.bias.numel(), dtype=torch.float64))
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(6, 3, 32, 32, generator=g, dtype=torch.float64)
+    shape = (3, 32, 32) if arch == "cifar" else (1, 28, 28)
+    x = torch.randn(6, *shape, generator=g, dtype=torch.float64)
     x[:3] = 0.0
     x[3, :, :16] = 0.0
     masks = {s: torch.rand(6, f, generator=g) > 0.5 for s, f in m.dropout_sites().items()}
@@ -134,18 +151,17 @@ def test_cifar_pool_before_relu_equals_the_paper_order_with_ties() -> None:
     def grads(out: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return torch.autograd.grad(sum(F.nll_loss(o, y) for o in out), params)
 
-    ref_out = _cifar_relu_then_pool(m, x, masks)
+    ref_out = reference(m, x, masks)
     ref = grads(ref_out)
     out = m(x, masks)
     for a, b in zip(out, ref_out, strict=True):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
     for a, b in zip(grads(out), ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
     layout = ParamLayout.of(m)
     stacked = torch.stack([get_flat(m), get_flat(m)]).requires_grad_(True)
-    two = [mk.unsqueeze(0).expand(2, *mk.shape) for mk in masks.values()]
-    bout = m.forward_batched(layout.views(stacked), x.unsqueeze(0).expand(2, *x.shape),
-                             dict(zip(masks, two, strict=True)))
+    two = {s: mk.unsqueeze(0).expand(2, *mk.shape) for s, mk in masks.items()}
+    bout = m.forward_batched(layout.views(stacked), x.unsqueeze(0).expand(2, *x.shape), two)
     (bg,) = torch.autograd.grad(sum(F.nll_loss(o.reshape(-1, 10), y.repeat(2)) * 2 for o in bout), stacked)
     ref_flat = torch.cat([r.reshape(-1) for r in ref])
     torch.testing.assert_close(bg[0], ref_flat, rtol=0, atol=1e-13)

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhv.models.base import MultiTaskModel
-from fedhv.models.functional import bmm_linear, masked_dropout
-from fedhv.models.lenet import max_pool2
+from fedhv.models.functional import bmm_linear, conv_pool_relu, masked_dropout
 
 
 class CifarHead(nn.Module):
@@ -49,8 +48,8 @@ class CifarCNN(MultiTaskModel):
         return {"fc1": 384, "fc2": 192}
 
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
-        h = F.relu(max_pool2(self.conv1(x)))
-        h = F.relu(max_pool2(self.conv2(h)))
+        h = conv_pool_relu(x, self.conv1.weight, self.conv1.bias, 1)
+        h = conv_pool_relu(h, self.conv2.weight, self.conv2.bias, 1)
         h = masked_dropout(F.relu(self.fc1(h.flatten(1))), None if masks is None else masks["fc1"], self.dropout)
         z = masked_dropout(F.relu(self.fc2(h)), None if masks is None else masks["fc2"], self.dropout)
         out = []
@@ -84,8 +83,8 @@ def cifar_batched_forward(
     w2, b2 = params["conv2.weight"], params["conv2.bias"]
     feats = []
     for i in range(n):
-        h = F.relu(max_pool2(F.conv2d(x[i].contiguous(memory_format=torch.channels_last), w1[i], b1[i], padding=1)))
-        h = F.relu(max_pool2(F.conv2d(h, w2[i], b2[i], padding=1)))
+        h = conv_pool_relu(x[i].contiguous(memory_format=torch.channels_last), w1[i], b1[i], 1)
+        h = conv_pool_relu(h, w2[i], b2[i], 1)
         feats.append(h.reshape(b, -1))  # (channel, row, col) order, as nn.Flatten
     h = torch.stack(feats)  # [n, B, 4096]
     h = masked_dropout(F.relu(bmm_linear(h, params["fc1.weight"], params["fc1.bias"])),

@@ -4,7 +4,7 @@ Objective reports (every sampled client's losses at the broadcast ``theta^t``) a
 evaluation are pure inference passes of one model over many samples. The models' own
 ``forward`` runs them with dense NCHW tensors: oneDNN convolves each layer into its
 blocked ``nChw16c`` layout and reorders back to NCHW, and the 2x2 max-pool of a 10-channel
-LeNet map is four strided slices (:func:`fedhv.models.lenet.max_pool2`). Here the encoder
+LeNet map is four strided slices (:func:`fedhv.models.functional.max_pool2`). Here the encoder
 stays in oneDNN's blocked layout (``Tensor.to_mkldnn``) from the first convolution to the
 last pooling: ``torch.mkldnn_convolution`` -> ``max_pool2d`` -> in-place ReLU, one reorder
 in and one out, in chunks of :data:`CHUNK` samples so the widest activation stays in the
