@@ -36,7 +36,7 @@ from fedhv.models.lenet import Head, LeNetMTL
 
 #: Samples per oneDNN pass of LeNet (first-layer output 512 x 10 x 28 x 28 floats = 16 MiB);
 #: 256-1024 were within 5 % of each other with 2 threads on this project's CPU, 128 and
-#: 2,500 slower (docs/performance.md, "Report pass and evaluation").
+#: 2,500 slower (docs/performance-history.md, "Report pass and evaluation").
 CHUNK = 512
 #: The same for the CIFAR CNN (first-layer output 64 x 32 x 32 floats a sample; 256 was
 #: the fastest of 32-256, 3.9x the plain forward's 2,500-sample batches).

@@ -27,7 +27,7 @@ in channels ``[iC, (i+1)C)`` of its ``C``-channel output:
   per channel; the flattened ``[B, n·512]`` features unfold to ``[n, B, 512]`` and the
   heads are batched matrix products (:func:`~fedhv.models.functional.bmm_linear`).
 
-Layouts (measured on the 2-core Sapphire Rapids CPU, fp32, fwd + bwd, docs/performance.md):
+Layouts (measured on the 2-core Sapphire Rapids CPU, fp32, fwd + bwd, docs/performance-history.md):
 the stem convolution (3 input channels) runs copy by copy in ``channels_last`` and is
 concatenated, as in the CIFAR CNN (a few % faster than grouped at 10 copies); the 32x32 to
 8x8 stages use grouped ``channels_last`` convolutions (1.4-5x faster than a loop over the

@@ -20,7 +20,7 @@ the same total). ``s`` is the element size of the run's dtype; under bf16 autoca
 also keeps a bfloat16 copy of its weights (``2d`` bytes). ``a_B`` is measured
 (:func:`saved_activation_bytes`) in the run's dtype; the fp32 value bounds the bf16 one.
 Measured on CPU against the peak RSS growth of real local steps, ``b`` overestimates by
-5-30 % (docs/performance.md), so the choice errs on the safe side.
+5-30 % (docs/performance-history.md), so the choice errs on the safe side.
 
 When ``c`` covers all the round's copies the engine runs them at once, exactly as
 ``engine_chunk = 0``; otherwise chunks of ``c`` copies. Chunk sizes change results only
