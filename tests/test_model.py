@@ -166,3 +166,26 @@ def test_models_equal_the_paper_layer_order_with_tied_windows(arch: str) -> None
     ref_flat = torch.cat([r.reshape(-1) for r in ref])
     torch.testing.assert_close(bg[0], ref_flat, rtol=0, atol=1e-13)
     torch.testing.assert_close(bg[1], ref_flat, rtol=0, atol=1e-13)
+
+
+def test_bmm_linear_gradients_match_finite_differences_and_autocast() -> None:
+    """Its hand-written backward against finite differences (float64) and autograd's baddbmm (bf16 autocast)."""
+    from fedhv.models.functional import bmm_linear
+
+    g = torch.Generator().manual_seed(0)
+    h, w, b = (torch.randn(*s, dtype=torch.float64, generator=g, requires_grad=True)
+               for s in ((3, 5, 7), (3, 4, 7), (3, 4)))
+    assert torch.autograd.gradcheck(bmm_linear, (h, w, b), atol=1e-9, rtol=1e-9)  # linear: differences are exact
+    (gw,) = torch.autograd.grad(bmm_linear(h, w, b).sum(), w)
+    assert gw.is_contiguous()  # formed in the weight's [C, out, in] layout
+    h32, w32, b32 = (t.detach().float().requires_grad_(True) for t in (h, w, b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = bmm_linear(h32, w32, b32)
+        ref = torch.baddbmm(b32.unsqueeze(1), h32, w32.transpose(1, 2))
+    assert y.dtype == ref.dtype == torch.bfloat16 and torch.equal(y, ref)
+    seed = torch.randn(y.shape, generator=g)
+    ours = torch.autograd.grad((y.float() * seed).sum(), (h32, w32, b32))
+    theirs = torch.autograd.grad((ref.float() * seed).sum(), (h32, w32, b32))
+    for a, c in zip(ours, theirs, strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, c, rtol=0, atol=0)

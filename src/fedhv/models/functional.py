@@ -13,9 +13,45 @@ def masked_dropout(h: torch.Tensor, mask: torch.Tensor | None, p: float) -> torc
     return h * mask.to(h.dtype) * (1.0 / (1.0 - p))
 
 
+class _BatchedLinear(torch.autograd.Function):
+    """``y = h w^T + b`` per copy, with the weight gradient formed in the weight's own layout.
+
+    Autograd's ``baddbmm`` backward forms the gradient of ``w^T`` as ``h^T g`` (``[C, in, out]``)
+    and transposes it, so its ``[C, out, in]`` copy is materialised later (for CIFAR's
+    ``fc1``, 10 x 384 x 4096 floats a step: 36 ms of a 0.58 s step). Here
+    ``dL/dw = g^T h`` (``[C, out, in]``, contiguous), ``dL/dh = g w`` and ``dL/db = sum_B g``;
+    the products run in ``g``'s dtype (bf16 under autocast, as autograd would) and the
+    engine casts each gradient to its input's dtype.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def,override]
+        h, w, _ = inputs
+        ctx.save_for_backward(h, w)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[no-untyped-def,override]
+        h, w = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad
+        gh = torch.bmm(g, w.to(g.dtype)) if need_h else None
+        gw = torch.bmm(g.transpose(1, 2), h.to(g.dtype)) if need_w else None
+        gb = g.sum(1) if need_b else None
+        return gh, gw, gb
+
+
 def bmm_linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-copy linear layer: ``h [C, B, in] @ w[C, out, in]^T + b[C, out]`` -> ``[C, B, out]``."""
-    return torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+    """Per-copy linear layer: ``h [C, B, in] @ w[C, out, in]^T + b[C, out]`` -> ``[C, B, out]``.
+
+    Differentiable in all three arguments (:class:`_BatchedLinear`: the weight gradient is
+    formed as ``[C, out, in]`` directly).
+    """
+    return _BatchedLinear.apply(h, w, b)
 
 
 def max_pool2(h: torch.Tensor) -> torch.Tensor:
