@@ -30,6 +30,7 @@ import torch
 
 from fedhv._malloc import tune_allocator
 from fedhv.algorithms import FedHV
+from fedhv.config import load_config
 from fedhv.data.federated import FederatedData
 from fedhv.models import ResNet18GN, default_init, get_flat
 from fedhv.objectives import MultiLabel
@@ -79,7 +80,7 @@ def main() -> None:
     theta = get_flat(model).clone()
     alg = FedHV(np.asarray(REFERENCES["celeba5"]), lr_global=1.0)
     kwargs = {"local_steps": 5, "batch_size": 64, "lr_local": 0.2, "momentum": 0.9, "seed": 0,
-              "precision": args.precision}
+              "precision": args.precision, "eval_batch_size": load_config("celeba5-a").eval.batch_size}
     engine = (BatchedEngine(ResNet18GN(), data, chunk=args.chunk, **kwargs) if args.engine == "batched"
               else SequentialEngine(ResNet18GN(), data, **kwargs))
     seconds = {"reports": 0.0, "train": 0.0}

@@ -92,7 +92,10 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
     """The configured engine over ``model`` (a working copy it may overwrite).
 
     ``available``: the memory (bytes) an automatic ``engine_chunk`` plans for; ``None``
-    measures it (:func:`fedhv.sim.memory.available_bytes`).
+    measures it (:func:`fedhv.sim.memory.available_bytes`). Objective reports are
+    evaluated in chunks of ``eval.batch_size`` samples, as the test set is (CelebA5's
+    1,000 instead of the engines' default 2,048: ResNet-18-GN forwards 2,048 samples at
+    a time 1.56x slower per sample than 1,024 on the project's CPU).
 
     A user's module that ``torch.func.vmap`` cannot run (BatchNorm in train mode) runs on
     the sequential engine, with a one-line warning. ``engine_chunk = "auto"`` is resolved
@@ -109,6 +112,7 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
         engine = BatchedEngine(
             model, data, local_steps=cfg.train.local_steps, batch_size=cfg.train.batch_size, lr_local=cfg.lr_local,
             momentum=cfg.train.momentum, seed=seed, stream=stream, precision=cfg.precision,
+            eval_batch_size=cfg.eval.batch_size,
             chunk=(choice.chunk if choice else 0) if cfg.engine_chunk == "auto" else int(cfg.engine_chunk),
         )
         engine.chunk_choice = choice
@@ -123,6 +127,7 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
         seed=seed,
         stream=stream,
         precision=cfg.precision,
+        eval_batch_size=cfg.eval.batch_size,
     )
 
 
