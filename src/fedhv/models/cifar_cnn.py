@@ -48,6 +48,10 @@ class CifarCNN(MultiTaskModel):
         return {"fc1": 384, "fc2": 192}
 
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        # Channels-last, as in forward_batched: oneDNN's convolutions and their backward run
+        # faster on it (a sequential-engine step of 10 copies: 0.81 -> 0.47 s). Written as a
+        # permuted copy because torch.func.vmap cannot query memory formats.
+        x = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
         h = conv_pool_relu(x, self.conv1.weight, self.conv1.bias, 1)
         h = conv_pool_relu(h, self.conv2.weight, self.conv2.bias, 1)
         h = masked_dropout(F.relu(self.fc1(h.flatten(1))), None if masks is None else masks["fc1"], self.dropout)
