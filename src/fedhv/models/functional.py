@@ -85,4 +85,5 @@ def conv_pool_relu(
     ``h_k`` round to the same ``h_k + b``. ``bias`` is ``[groups * out]`` (or ``[out]``).
     """
     h = max_pool2(F.conv2d(x, weight, None, padding=padding, groups=groups))
-    return F.relu(h + bias.view(-1, 1, 1))
+    # In h's dtype: under bf16 autocast the convolution's output is bf16, as its bias would be.
+    return F.relu(h + bias.to(h.dtype).view(-1, 1, 1))
