@@ -6,8 +6,8 @@ conv 10->15 (3x3) -> max-pool 2 -> ReLU -> flatten 540 -> linear 540->50 -> ReLU
 dropout 0.5 (28,515 parameters). Head per task: linear 50->50 -> ReLU -> dropout 0.5
 -> linear 50->10 -> log-softmax (3,060 parameters).
 
-The biases of both convolutions are added after the pooling
-(:func:`~fedhv.models.functional.conv_pool_relu`; the same function, exactly).
+The biases of both convolutions are added after the pooling, in the module forward
+and in :func:`batched_forward` alike (:func:`~fedhv.models.functional.conv_pool_relu`).
 
 Dropout never draws its own random numbers: the caller passes keep-masks
 (``{site: bool [B, features]}``) or ``None`` for evaluation, so that the batched and
