@@ -10,8 +10,12 @@ rounds after a warm-up), the client-time split into objective reports and local
 training, FLOPs per round (``torch.utils.flop_counter`` on the sequential engine:
 convolutions and matrix products, forward and backward), achieved GFLOP/s and the
 batched/sequential ratio, and the achieved GFLOP/s of the report pass and of the training
-pass separately, and the round's share of the machine's measured fp32 peak (``peak.py``). Then the batched report pass and one test evaluation run alternately with
-the plain ``model(x)`` forward and the fast inference path (:mod:`fedhv.models.inference`),
+pass separately, and the round's share of the machine's measured fp32 peak (``peak.py``).
+Where the model's first layer runs the compiled kernel (:mod:`fedhv.models.native`: LeNet),
+Part 1 also times the batched engine with the kernel disabled (row ``batched-pt``): the
+kernel's before/after in one run. Then the batched report pass and one test evaluation run
+alternately with the plain ``model(x)`` forward in PyTorch's own layers (no compiled kernel)
+and the fast inference path (:mod:`fedhv.models.inference`),
 median wall and CPU seconds of each, plus the evaluation time of a whole run (every
 ``eval.test_period`` rounds and the final one). Part 2 times one round of each method with
 the batched engine, split into client and server time, as ratios to Uniform, and projects
@@ -32,6 +36,7 @@ engine (e.g. for the scaling runs over ``train.clients_per_round``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import resource
@@ -49,7 +54,7 @@ from fedhv.experiment.methods import build_method
 from fedhv.experiment.runner import eval_due
 from fedhv.experiment.setup import federated_data, make_engine, new_model, sample_clients
 from fedhv.metrics.evaluate import evaluate_tasks
-from fedhv.models import get_flat, set_flat
+from fedhv.models import get_flat, native, set_flat
 from fedhv.models.inference import plain_forward
 from fedhv.sim.federation import SimFederation
 
@@ -133,7 +138,8 @@ def main() -> None:
     theta = get_flat(model).clone()
     w = np.full((1, data.num_tasks), 1.0 / data.num_tasks)
     counter, rep_counter = FlopCounterMode(display=False), FlopCounterMode(display=False)
-    with plain_forward():  # the counter sees aten.convolution, not the fast path's oneDNN calls
+    # The counter sees aten.convolution, not the fast path's oneDNN calls or the compiled kernel.
+    with plain_forward(), native.disabled():
         with rep_counter:
             engine.reports(theta, clients, 0, "all")
         with counter:
@@ -148,16 +154,26 @@ def main() -> None:
     results: dict[str, float] = {}
     reports: dict[str, float] = {}
     engines = {}
-    for name in ("batched",) if args.no_sequential else ("sequential", "batched"):
-        (total, _, _, cpu), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
-        rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
-        results[name], engines[name], reports[name] = total, eng, rep
+    rows = [("batched", True)] if args.no_sequential else [("sequential", True), ("batched", True)]
+    calls = native.CALLS["forward"]
+    for name, compiled in rows:
+        with contextlib.nullcontext() if compiled else native.disabled():
+            (total, _, _, cpu), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
+            rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
+        if name == "batched" and compiled and native.CALLS["forward"] > calls:
+            rows.append(("batched", False))  # the same round with the PyTorch first layer: before/after
+        label = name if compiled else "batched-pt"
+        if compiled:
+            results[name], engines[name], reports[name] = total, eng, rep
         chunk = getattr(eng, "chunk_choice", None)
-        print(f"{name:<11} {total:8.3f} {rep:8.3f} {total - rep:9.3f} {flops / total / 1e9:8.1f} "
+        print(f"{label:<11} {total:8.3f} {rep:8.3f} {total - rep:9.3f} {flops / total / 1e9:8.1f} "
               f"{rep_flops / rep / 1e9:8.1f} {(flops - rep_flops) / max(total - rep, 1e-9) / 1e9:8.1f} {cpu:7.2f} "
               f"{100 * flops / total / 1e9 / peak:6.1f}   "
               f"{memory_note(cfg.device)}" + (f"; {chunk.describe()}" if chunk else ""))
     evaluation = inference_passes(cfg, data, engines["batched"], theta, clients, rep_flops)
+    if len(rows) > len(results):
+        print("batched-pt: the batched engine with LeNet's first layer in PyTorch/oneDNN instead of the compiled "
+              "kernel (fedhv.models.native)")
     if "sequential" in results:
         print(f"batched / sequential: {results['sequential'] / results['batched']:.2f}x faster "
               f"(FLOP utilisation {results['sequential'] / results['batched']:.2f}x)")
@@ -245,7 +261,7 @@ def inference_passes(cfg, data, engine, theta, clients, rep_flops: int, reps: in
         fn()
         plain, fast = [], []
         for _ in range(reps):
-            with plain_forward():
+            with plain_forward(), native.disabled():
                 plain.append(_timed_cpu(fn))
             fast.append(_timed_cpu(fn))
         pw, pc = (statistics.median(t[i] for t in plain) for i in range(2))

@@ -1,7 +1,8 @@
 """The fast report pass and test evaluation (issue 13) keep their meaning.
 
 Objective reports and test evaluation run the built-in CNNs through
-:func:`fedhv.models.inference.inference_forward` (oneDNN layout, float32 on the CPU) and
+:func:`fedhv.models.inference.inference_forward` (oneDNN layout, or LeNet's own forward with
+its compiled first layer, float32 on the CPU) and
 gather the evaluated rows chunk by chunk (``per_sample_losses(..., rows=)``). Oracles:
 the model's own ``forward`` one sample at a time, and the sequential engine's
 per-client report loop.
@@ -9,6 +10,8 @@ per-client report loop.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import warnings
 
 import numpy as np
@@ -17,9 +20,9 @@ import torch
 
 from fedhv.experiment.setup import new_model
 from fedhv.metrics.evaluate import evaluate_tasks, per_sample_losses
-from fedhv.models import get_flat, set_flat
+from fedhv.models import get_flat, native, set_flat
 from fedhv.models.cifar_cnn import CifarCNN
-from fedhv.models.inference import CHUNK, inference_forward, plain_forward
+from fedhv.models.inference import CHUNK, NATIVE_CHUNK, inference_forward, plain_forward
 from fedhv.models.lenet import LeNetMTL
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import SequentialEngine
@@ -54,15 +57,21 @@ def test_inference_forward_equals_model_forward_float32() -> None:
     lenet = _trained_like(new_model(cfg, data, 0))
     assert isinstance(lenet, LeNetMTL)
     cifar = _trained_like(CifarCNN().float(), scale=0.01)
-    cases = [(lenet, data.eval_sets["test"][0][:300]),
-             (cifar, torch.randn(70, 3, 32, 32, generator=torch.Generator().manual_seed(1)))]
-    for model, x in cases:
-        fast = inference_forward(model, x)
-        assert fast is not None, type(model).__name__
-        forward, chunk = fast
-        with torch.no_grad():
-            ref = model(x)
-            got = [torch.cat(parts) for parts in zip(*(forward(x[i : i + chunk]) for i in range(0, len(x), chunk)))]
+    lenet_x = data.eval_sets["test"][0][:300]
+    cases = [(lenet, lenet_x, contextlib.nullcontext()), (lenet, lenet_x, native.disabled()),
+             (cifar, torch.randn(70, 3, 32, 32, generator=torch.Generator().manual_seed(1)), native.disabled())]
+    for model, x, kernel in cases:
+        with native.disabled():
+            ref_model = copy.deepcopy(model)
+        with kernel:  # LeNet: its own forward with the compiled first layer, or the oneDNN path
+            fast = inference_forward(model, x)
+            assert fast is not None, type(model).__name__
+            forward, chunk = fast
+            with torch.no_grad():
+                got = [torch.cat(parts) for parts in zip(*(forward(x[i : i + chunk])
+                                                           for i in range(0, len(x), chunk)))]
+        with native.disabled(), torch.no_grad():
+            ref = ref_model(x)  # PyTorch's own layers throughout
         for r, o in zip(ref, got):
             assert o.shape == r.shape and o.dtype == torch.float32
             torch.testing.assert_close(o, r, rtol=0, atol=1e-5)
@@ -70,17 +79,23 @@ def test_inference_forward_equals_model_forward_float32() -> None:
 
 
 def test_inference_forward_only_where_it_applies() -> None:
-    """float64, oneDNN disabled, a subclass with its own forward and a bf16 wrapper keep ``model(x)``."""
+    """float64, oneDNN disabled (without the compiled kernel), a subclass with its own forward and a
+    bf16 wrapper keep ``model(x)``; with the kernel, LeNet's fast forward is its own."""
     from fedhv.sim.precision import amp_module
 
     model = LeNetMTL().eval()
     x = torch.randn(4, 1, 28, 28)
-    assert inference_forward(model, x) is not None
+    assert inference_forward(model, x) == (model, NATIVE_CHUNK)
+    with native.disabled():
+        fast = inference_forward(model, x)
+        assert fast is not None and fast[0] is not model and fast[1] == CHUNK
     assert inference_forward(LeNetMTL().double(), x.double()) is None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns about TF32 on Intel GPUs when the flags change
         with torch.backends.mkldnn.flags(enabled=False):
-            assert inference_forward(model, x) is None
+            assert inference_forward(CifarCNN().float(), torch.randn(2, 3, 32, 32)) is None
+            with native.disabled():
+                assert inference_forward(model, x) is None
     with plain_forward():
         assert inference_forward(model, x) is None
     assert inference_forward(model, x) is not None
@@ -160,9 +175,11 @@ def test_batched_reports_equal_per_client_reference(dtype: str, atol: float) -> 
         assert (means[:, None] - means[None]).abs().amax(-1).add(torch.eye(len(clients), dtype=means.dtype)).min() > 1e-4
 
 
-def test_report_pass_gathers_chunks_in_onednn_layout() -> None:
-    """The float32 report pass runs the encoder in oneDNN's layout and gathers one chunk
-    of samples at a time (``min(eval_batch_size, CHUNK)``), never all report samples at once."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_report_pass_gathers_chunks_in_fast_layout(compiled: bool) -> None:
+    """The float32 report pass gathers one chunk of samples at a time (``min(eval_batch_size,
+    CHUNK)``), never all report samples at once, and runs LeNet's compiled first layer once per
+    chunk, or (kernel disabled) the encoder in oneDNN's layout."""
     from torch.profiler import ProfilerActivity, profile
 
     cfg = small_config()
@@ -170,14 +187,20 @@ def test_report_pass_gathers_chunks_in_onednn_layout() -> None:
     engine = BatchedEngine(new_model(cfg, data, 0), data, 3, 16, 0.1, 0.0, 0, "t", eval_batch_size=100)
     theta = get_flat(new_model(cfg, data, 0)).clone()
     clients = np.arange(data.num_clients)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    calls = native.CALLS["forward"]
+    kernel = contextlib.nullcontext() if compiled else native.disabled()
+    with kernel, profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         engine.reports(theta, clients, 0, "all")
     events = prof.key_averages(group_by_input_shape=True)
     names = {e.key for e in events}
-    assert "aten::to_mkldnn" in names and "aten::mkldnn_convolution" in names
     n = int(data.parts[clients].numel())
-    assert n > 300 and CHUNK > 100
+    assert n > 300 and CHUNK > 100 and NATIVE_CHUNK > 100
     image_gathers = sum(e.count for e in events if e.key == "aten::index" and len(e.input_shapes[0]) == 4)
     assert image_gathers == -(-n // 100)  # one gather per chunk
+    if compiled:
+        assert native.CALLS["forward"] - calls == -(-n // 100) and "aten::to_mkldnn" not in names
+        return
+    assert "aten::to_mkldnn" in names and "aten::mkldnn_convolution" in names
+    assert native.CALLS["forward"] == calls
     converted = [e.input_shapes[0][0] for e in events if e.key == "aten::to_mkldnn" for _ in range(e.count)]
     assert sum(converted) == n and max(converted) == 100

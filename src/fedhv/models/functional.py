@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fedhv.models import native
+
 
 def masked_dropout(h: torch.Tensor, mask: torch.Tensor | None, p: float) -> torch.Tensor:
     """Inverted dropout with a caller-supplied keep-mask: ``h * mask / (1 - p)``; ``None`` = identity."""
@@ -83,7 +85,13 @@ def conv_pool_relu(
     and ~2 ms of a 25 ms MultiMNIST one). In floating point the forward is unchanged (rounding is
     monotone); the pooled gradient can take another window position only where two different
     ``h_k`` round to the same ``h_k + b``. ``bias`` is ``[groups * out]`` (or ``[out]``).
+
+    LeNet's first layer (one input channel per group, 3x3, padding 1, float32/float64 on the
+    CPU) runs the compiled fused kernel of :mod:`fedhv.models.native` instead, which writes only
+    the pooled map (channels last) and takes any input strides with contiguous rows.
     """
+    if native.applies(x, weight, bias, padding, groups):
+        return native.conv1_pool_relu(x, weight, bias)
     h = max_pool2(F.conv2d(x, weight, None, padding=padding, groups=groups))
     # In h's dtype: under bf16 autocast the convolution's output is bf16, as its bias would be.
     return F.relu(h + bias.to(h.dtype).view(-1, 1, 1))

@@ -10,6 +10,11 @@ last pooling: ``torch.mkldnn_convolution`` -> ``max_pool2d`` -> in-place ReLU, o
 in and one out, in chunks of :data:`CHUNK` samples so the widest activation stays in the
 core's L2 cache. The linear layers and heads are the model's own modules.
 
+LeNet whose first layer runs the compiled kernel (:mod:`fedhv.models.native`) needs none
+of this: that kernel writes only the pooled map, channels last, and the module's own
+forward is then the fastest, in chunks of :data:`NATIVE_CHUNK`. The oneDNN path serves the
+CIFAR CNN, and LeNet where the kernel is unavailable or disabled.
+
 The maths is the model's: for a 2x2 max-pool, ``relu(pool(h)) = pool(relu(h))`` exactly
 (ReLU is monotone), so the ReLU runs after the pooling on a quarter of the elements;
 the convolutions are the same oneDNN kernels, so the outputs agree with ``model(x)`` to
@@ -17,8 +22,8 @@ float32 round-off (bit for bit on the machine this was measured on; tested to ``
 
 :func:`inference_forward` returns the fast forward only where it applies: a
 :class:`~fedhv.models.lenet.LeNetMTL` or :class:`~fedhv.models.cifar_cnn.CifarCNN`
-whose ``forward`` is not overridden, float32 parameters and inputs on the CPU, and oneDNN
-available and enabled. Everything else (float64 runs, bf16 autocast wrappers, GPUs,
+whose ``forward`` is not overridden, float32 parameters and inputs on the CPU, and the
+compiled kernel (LeNet) or oneDNN available and enabled. Everything else (float64 runs, bf16 autocast wrappers, GPUs,
 other models) keeps ``model(x)``.
 """
 
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedhv.models import native
 from fedhv.models.cifar_cnn import CifarCNN, CifarHead
 from fedhv.models.lenet import Head, LeNetMTL
 
@@ -38,6 +44,10 @@ from fedhv.models.lenet import Head, LeNetMTL
 #: 256-1024 were within 5 % of each other with 2 threads on this project's CPU, 128 and
 #: 2,500 slower (docs/performance-history.md, "Report pass and evaluation").
 CHUNK = 512
+#: Samples per pass of LeNet's own forward where its first layer is the compiled kernel
+#: (:mod:`fedhv.models.native`; then that forward is the fast one: 10,000 test samples in
+#: 62 ms against 64 / 63 ms at 512 / 2,048 and 72 ms for the oneDNN path, 2 threads).
+NATIVE_CHUNK = 1024
 #: The same for the CIFAR CNN (first-layer output 64 x 32 x 32 floats a sample; 256 was
 #: the fastest of 32-256, 3.9x the plain forward's 2,500-sample batches).
 CIFAR_CHUNK = 256
@@ -107,12 +117,15 @@ def inference_forward(model: nn.Module, x: torch.Tensor) -> tuple[Forward, int] 
     """
     if not _STATE["enabled"] or x.device.type != "cpu" or x.dtype != torch.float32 or x.ndim != 4:
         return None
-    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
-        return None
     first = next(model.parameters(), None)
     if first is None or first.dtype != torch.float32 or first.device.type != "cpu":
         return None
-    if type(model).forward is LeNetMTL.forward and isinstance(model, LeNetMTL):
+    lenet = type(model).forward is LeNetMTL.forward and isinstance(model, LeNetMTL)
+    if lenet and native.enabled() and native.available():
+        return model, NATIVE_CHUNK
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return None
+    if lenet:
         return (lambda xb: _lenet(model, xb)), CHUNK
     if type(model).forward is CifarCNN.forward and isinstance(model, CifarCNN):
         return (lambda xb: _cifar(model, xb)), CIFAR_CHUNK

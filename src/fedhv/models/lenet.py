@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedhv.models import native
 from fedhv.models.base import MultiTaskModel
 from fedhv.models.functional import bmm_linear, conv_pool_relu, masked_dropout
 
@@ -112,9 +113,11 @@ def batched_forward(
     """
     c, b = x.shape[:2]
     h = x.transpose(0, 1).reshape(b, c * x.shape[2], *x.shape[3:])
-    h = h.contiguous(memory_format=torch.channels_last)
     w1, b1 = params["conv1.weight"], params["conv1.bias"]
-    h = conv_pool_relu(h, w1.reshape(-1, *w1.shape[2:]), b1.reshape(-1), 1, groups=c)
+    w1, b1 = w1.reshape(-1, *w1.shape[2:]), b1.reshape(-1)
+    if not native.applies(h, w1, b1, 1, c):  # the compiled kernel reads the planes where they are
+        h = h.contiguous(memory_format=torch.channels_last)
+    h = conv_pool_relu(h, w1, b1, 1, groups=c)
     w2, b2 = params["conv2.weight"], params["conv2.bias"]
     h = conv_pool_relu(h, w2.reshape(-1, *w2.shape[2:]), b2.reshape(-1), 0, groups=c)
     # [B, C*15, 6, 6] -> [C, B, 540] in (channel, row, col) order as nn.Flatten does.

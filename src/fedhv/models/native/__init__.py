@@ -1,0 +1,185 @@
+"""A compiled, fused first layer for LeNet: 3x3 convolution (one input channel per group,
+padding 1) + 2x2 max-pool + bias + ReLU, forward and weight/bias gradients.
+
+For every group ``c`` (a model copy in the batched engine; ``c = 0`` only in the module
+forward), output channel ``k`` and pooled position ``(i, j)``:
+
+.. math::
+
+    y_{b,ck,i,j} = \\max\\Big(0,\\; b_{ck} + \\max_{(d,e)\\in\\{0,1\\}^2}
+        \\sum_{u,v=0}^{2} w_{ck,u,v}\\, \\tilde x_{b,c,2i+d+u,\\,2j+e+v}\\Big),
+
+with ``x~`` the input zero-padded by one pixel: the same function as
+:func:`fedhv.models.functional.conv_pool_relu` (``relu(max_pool2(conv2d(x, w)) + b)``). The
+forward also writes, per output, the window position of the first maximum (PyTorch's
+``max_pool2d`` convention) or "inactive" where ``y <= 0``; the backward, for an upstream
+gradient ``g``, is
+
+.. math::
+
+    \\frac{\\partial L}{\\partial w_{ck,u,v}} = \\sum_{b,i,j} g_{b,ck,i,j}\\,[y_{b,ck,i,j} > 0]\\,
+        \\tilde x_{b,c,2i+d^*+u,\\,2j+e^*+v}, \\qquad
+    \\frac{\\partial L}{\\partial b_{ck}} = \\sum_{b,i,j} g_{b,ck,i,j}\\,[y_{b,ck,i,j} > 0],
+
+``(d*, e*)`` the stored window position. The input gets no gradient (it is data).
+
+Why: LeNet's first layer maps 1 channel to 10 at full 28 x 28 resolution, and oneDNN
+materialises that map (a 10-copy training batch of 32: 10 x 32 x 10 x 784 floats) only to
+pool three quarters of it away; its forward, pooling, pooling backward (a zero-filled
+scatter) and ReLU backward were most of a MultiMNIST training step's time
+(``docs/performance.md``). The kernel keeps everything of one pooled position in vector
+registers (lanes = the ``K <= 16`` output channels of a group) and writes only the pooled
+map, channels last, which the second convolution reads as is.
+
+The C++ source (``conv1_pool.cpp``) is compiled at first use with the system's C++ compiler
+(``$CXX`` or ``c++``; ``-O3 -march=native``, about 1 s) into a cache directory
+(``$FEDHV_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedhv``, else ``~/.cache/fedhv``), keyed by the
+source, the flags, the compiler's version and the CPU's feature flags, and loaded with
+:mod:`ctypes`. Where it cannot be built (no compiler), a one-line warning is issued once and
+every call takes the PyTorch path, as it does for float16/bf16, autocast, non-CPU tensors,
+``torch.func`` transforms, inputs that require a gradient, with ``FEDHV_NATIVE=0`` in the
+environment, and inside :func:`disabled`. The result matches the PyTorch path to round-off:
+the summation order of the nine taps differs from oneDNN's (``tests/test_native.py``
+compares both in float64).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Iterator
+
+import torch
+
+from fedhv.models.native.build import load_library
+
+_STATE: dict[str, object] = {"enabled": os.environ.get("FEDHV_NATIVE", "1") != "0"}
+_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+#: Window codes (0..3, or -1 where the ReLU is inactive) as wide as the values (conv1_pool.cpp).
+_CODES = {torch.float32: torch.int32, torch.float64: torch.int64}
+_LANES = 16
+#: Kernel calls in this process (benchmarks tell from it whether a model uses the kernel).
+CALLS = {"forward": 0, "backward": 0}
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block every call takes the PyTorch path (benchmarks time both in one process)."""
+    before = _STATE["enabled"]
+    _STATE["enabled"] = False
+    try:
+        yield
+    finally:
+        _STATE["enabled"] = before
+
+
+def enabled() -> bool:
+    """Whether calls may take the kernel (not inside :func:`disabled`, no ``FEDHV_NATIVE=0``)."""
+    return bool(_STATE["enabled"])
+
+
+def available() -> bool:
+    """Whether the compiled kernel is loaded (builds it on the first call)."""
+    return load_library() is not None
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int, groups: int) -> bool:
+    """Whether :func:`conv1_pool_relu` can run this ``conv_pool_relu`` call.
+
+    It can for CPU float32/float64 tensors outside autocast and ``torch.func``, a 3x3 kernel with one
+    input channel per group and ``K <= 16`` output channels per group, padding 1, even ``H``, ``W``,
+    rows of each plane contiguous, an input without gradient, and the kernel built.
+    """
+    if not _STATE["enabled"] or x.dtype not in _DTYPES or x.device.type != "cpu" or x.requires_grad:
+        return False
+    if weight.dtype != x.dtype or bias.dtype != x.dtype or weight.device.type != "cpu" or bias.device.type != "cpu":
+        return False
+    if x.ndim != 4 or weight.ndim != 4 or tuple(weight.shape[1:]) != (1, 3, 3) or padding != 1:
+        return False
+    c, h, w = x.shape[1:]
+    if c != groups or weight.shape[0] % groups or weight.shape[0] // groups > _LANES or h % 2 or w % 2:
+        return False
+    if bias.shape != (weight.shape[0],) or x.stride(3) != 1 or x.stride(2) != w:
+        return False
+    if torch.is_autocast_enabled("cpu") or any(
+        torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (x, weight, bias)  # type: ignore[attr-defined]
+    ):
+        return False
+    return available()
+
+
+def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(None if t is None else t.data_ptr())
+
+
+def _dims(x: torch.Tensor, out_per_group: int) -> list[ctypes.c_int64 | ctypes.c_int]:
+    b, c, h, w = x.shape
+    return [ctypes.c_int64(v) for v in (b, c, h, w, out_per_group)] + [ctypes.c_int(torch.get_num_threads())]
+
+
+class _Conv1PoolReLU(torch.autograd.Function):
+    """Autograd wrapper of the compiled kernel; see the module docstring for the maths."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, record: bool):  # type: ignore[override]
+        lib = load_library()
+        assert lib is not None
+        CALLS["forward"] += 1
+        b, c, h, w = x.shape
+        k = weight.shape[0] // c
+        # [B, H/2, W/2, C*K] storage seen as [B, C*K, H/2, W/2]: a channels-last tensor.
+        y = torch.empty((b, h // 2, w // 2, c * k), dtype=x.dtype).permute(0, 3, 1, 2)
+        idx = torch.empty((b, h // 2, w // 2, c * k), dtype=_CODES[x.dtype]) if record else None
+        wc, bc = weight.detach().contiguous(), bias.detach().contiguous()
+        fn = getattr(lib, f"fedhv_conv1_forward_{_DTYPES[x.dtype]}")
+        fn(_ptr(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)), _ptr(wc), _ptr(bc), _ptr(y), _ptr(idx),
+           *_dims(x, k))
+        return y, idx
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def,override]
+        x, weight, _bias, _record = inputs
+        _y, idx = output
+        if idx is not None:
+            ctx.mark_non_differentiable(idx)
+        ctx.set_materialize_grads(False)  # no zero gradient for the codes
+        ctx.k = weight.shape[0] // x.shape[1]
+        ctx.save_for_backward(x, idx)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor, _gidx: torch.Tensor | None):  # type: ignore[no-untyped-def,override]
+        if g is None:  # y does not reach the loss (grads are not materialised: see setup_context)
+            return None, None, None, None
+        lib = load_library()
+        assert lib is not None
+        CALLS["backward"] += 1
+        x, idx = ctx.saved_tensors
+        _need_x, need_w, need_b, _ = ctx.needs_input_grad
+        g = g.permute(0, 2, 3, 1).contiguous()  # [B, H/2, W/2, C*K]; a view where g is channels last
+        gw = torch.empty((x.shape[1] * ctx.k, 1, 3, 3), dtype=x.dtype)
+        gb = torch.empty(x.shape[1] * ctx.k, dtype=x.dtype)
+        fn = getattr(lib, f"fedhv_conv1_backward_{_DTYPES[x.dtype]}")
+        fn(_ptr(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)), _ptr(g), _ptr(idx), _ptr(gw), _ptr(gb),
+           *_dims(x, ctx.k))
+        return None, gw if need_w else None, gb if need_b else None, None
+
+
+def conv1_pool_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``relu(max_pool2(conv2d(x, weight, padding=1, groups=C)) + bias)`` by the compiled kernel.
+
+    Parameters
+    ----------
+    x : Tensor ``[B, C, H, W]``
+        One input plane per group ``C``; any strides with contiguous rows (no copy is made).
+    weight : Tensor ``[C * K, 1, 3, 3]``
+    bias : Tensor ``[C * K]``
+
+    Returns
+    -------
+    Tensor ``[B, C * K, H / 2, W / 2]``, channels last. Call only where :func:`applies`.
+    """
+    record = torch.is_grad_enabled() and (weight.requires_grad or bias.requires_grad)
+    y, _idx = _Conv1PoolReLU.apply(x, weight, bias, record)
+    return y
