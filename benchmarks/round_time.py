@@ -11,9 +11,9 @@ training, FLOPs per round (``torch.utils.flop_counter`` on the sequential engine
 convolutions and matrix products, forward and backward), achieved GFLOP/s and the
 batched/sequential ratio, and the achieved GFLOP/s of the report pass and of the training
 pass separately, and the round's share of the machine's measured fp32 peak (``peak.py``).
-Where the model's first layer runs the compiled kernel (:mod:`fedhv.models.native`: LeNet),
-Part 1 also times the batched engine with the kernel disabled (row ``batched-pt``): the
-kernel's before/after in one run. Then the batched report pass and one test evaluation run
+Where the model runs a compiled kernel (:mod:`fedhv.models.native`: LeNet's first layer,
+and the pooling of a last convolution), Part 1 also times the batched engine with the
+kernels disabled (row ``batched-pt``): their before/after in one run. Then the batched report pass and one test evaluation run
 alternately with the plain ``model(x)`` forward in PyTorch's own layers (no compiled kernel)
 and the fast inference path (:mod:`fedhv.models.inference`),
 median wall and CPU seconds of each, plus the evaluation time of a whole run (every
@@ -155,12 +155,12 @@ def main() -> None:
     reports: dict[str, float] = {}
     engines = {}
     rows = [("batched", True)] if args.no_sequential else [("sequential", True), ("batched", True)]
-    calls = native.CALLS["forward"]
+    calls = sum(native.CALLS.values())
     for name, compiled in rows:
         with contextlib.nullcontext() if compiled else native.disabled():
             (total, _, _, cpu), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
             rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
-        if name == "batched" and compiled and native.CALLS["forward"] > calls:
+        if name == "batched" and compiled and sum(native.CALLS.values()) > calls:
             rows.append(("batched", False))  # the same round with the PyTorch first layer: before/after
         label = name if compiled else "batched-pt"
         if compiled:
@@ -172,8 +172,8 @@ def main() -> None:
               f"{memory_note(cfg.device)}" + (f"; {chunk.describe()}" if chunk else ""))
     evaluation = inference_passes(cfg, data, engines["batched"], theta, clients, rep_flops)
     if len(rows) > len(results):
-        print("batched-pt: the batched engine with LeNet's first layer in PyTorch/oneDNN instead of the compiled "
-              "kernel (fedhv.models.native)")
+        print("batched-pt: the batched engine with the compiled kernels (fedhv.models.native) off: "
+              "PyTorch's own convolution, pooling, bias and ReLU")
     if "sequential" in results:
         print(f"batched / sequential: {results['sequential'] / results['batched']:.2f}x faster "
               f"(FLOP utilisation {results['sequential'] / results['batched']:.2f}x)")

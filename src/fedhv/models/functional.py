@@ -92,6 +92,32 @@ def conv_pool_relu(
     """
     if native.applies(x, weight, bias, padding, groups):
         return native.conv1_pool_relu(x, weight, bias)
-    h = max_pool2(F.conv2d(x, weight, None, padding=padding, groups=groups))
-    # In h's dtype: under bf16 autocast the convolution's output is bf16, as its bias would be.
-    return F.relu(h + bias.to(h.dtype).view(-1, 1, 1))
+    return _pool_bias_relu(F.conv2d(x, weight, None, padding=padding, groups=groups), bias)
+
+
+def _pool_bias_relu(h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``relu(max_pool2(h) + bias)``; the bias in the map's dtype (bf16 under autocast, as a
+    convolution's own bias would be)."""
+    return F.relu(max_pool2(h) + bias.to(h.dtype).view(-1, 1, 1))
+
+
+def conv_pool_relu_flat(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int, groups: int = 1
+) -> torch.Tensor:
+    """:func:`conv_pool_relu` per group, flattened: ``[groups, B, out * H' * W']``.
+
+    Row ``b`` of group ``g`` is ``conv_pool_relu(x, ...)[b, g*out:(g+1)*out].flatten()`` in
+    ``nn.Flatten``'s (channel, row, col) order: the input of the per-copy linear layer that
+    follows a model's last convolution. Where the convolution's output is a channels-last CPU
+    map, the compiled kernel (:func:`fedhv.models.native.pool_bias_relu_flat`) pools, adds the
+    bias, applies the ReLU and writes this layout in one pass (and its backward writes the
+    map's gradient without a zero-fill); otherwise PyTorch's ops and a reshape.
+    """
+    if native.applies(x, weight, bias, padding, groups):
+        h = native.conv1_pool_relu(x, weight, bias)
+    else:
+        h = F.conv2d(x, weight, None, padding=padding, groups=groups)
+        if native.pool_applies(h, bias, groups):
+            return native.pool_bias_relu_flat(h, bias, groups)
+        h = _pool_bias_relu(h, bias)
+    return h.reshape(h.shape[0], groups, -1).transpose(0, 1)

@@ -26,7 +26,7 @@ from torch import nn
 
 from fedhv.models import native
 from fedhv.models.base import MultiTaskModel
-from fedhv.models.functional import bmm_linear, conv_pool_relu, masked_dropout
+from fedhv.models.functional import bmm_linear, conv_pool_relu, conv_pool_relu_flat, masked_dropout
 
 DROPOUT_P = 0.5
 FEATURES = 50
@@ -66,8 +66,8 @@ class LeNetMTL(MultiTaskModel):
 
     def encode(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         h = conv_pool_relu(x, self.conv1.weight, self.conv1.bias, 1)
-        h = conv_pool_relu(h, self.conv2.weight, self.conv2.bias, 0)
-        h = F.relu(self.fc(h.flatten(1)))
+        h = conv_pool_relu_flat(h, self.conv2.weight, self.conv2.bias, 0)[0]
+        h = F.relu(self.fc(h))
         return masked_dropout(h, None if masks is None else masks["encoder"], self.dropout)
 
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -119,9 +119,8 @@ def batched_forward(
         h = h.contiguous(memory_format=torch.channels_last)
     h = conv_pool_relu(h, w1, b1, 1, groups=c)
     w2, b2 = params["conv2.weight"], params["conv2.bias"]
-    h = conv_pool_relu(h, w2.reshape(-1, *w2.shape[2:]), b2.reshape(-1), 0, groups=c)
-    # [B, C*15, 6, 6] -> [C, B, 540] in (channel, row, col) order as nn.Flatten does.
-    h = h.reshape(b, c, -1).transpose(0, 1)
+    # [C, B, 540] in (channel, row, col) order as nn.Flatten does.
+    h = conv_pool_relu_flat(h, w2.reshape(-1, *w2.shape[2:]), b2.reshape(-1), 0, groups=c)
     z = F.relu(bmm_linear(h, params["fc.weight"], params["fc.bias"]))
     z = masked_dropout(z, None if masks is None else masks["encoder"], model.dropout)
     out = []

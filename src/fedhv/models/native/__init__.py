@@ -31,7 +31,7 @@ scatter) and ReLU backward were most of a MultiMNIST training step's time
 registers (lanes = the ``K <= 16`` output channels of a group) and writes only the pooled
 map, channels last, which the second convolution reads as is.
 
-The C++ source (``conv1_pool.cpp``) is compiled at first use with the system's C++ compiler
+The C++ source (``kernels.cpp``) is compiled at first use with the system's C++ compiler
 (``$CXX`` or ``c++``; ``-O3 -march=native``, about 1 s) into a cache directory
 (``$FEDHV_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedhv``, else ``~/.cache/fedhv``), keyed by the
 source, the flags, the compiler's version and the CPU's feature flags, and loaded with
@@ -56,11 +56,11 @@ from fedhv.models.native.build import load_library
 
 _STATE: dict[str, object] = {"enabled": os.environ.get("FEDHV_NATIVE", "1") != "0"}
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
-#: Window codes (0..3, or -1 where the ReLU is inactive) as wide as the values (conv1_pool.cpp).
+#: Window codes (0..3, or -1 where the ReLU is inactive) as wide as the values (kernels.cpp).
 _CODES = {torch.float32: torch.int32, torch.float64: torch.int64}
 _LANES = 16
 #: Kernel calls in this process (benchmarks tell from it whether a model uses the kernel).
-CALLS = {"forward": 0, "backward": 0}
+CALLS = {"forward": 0, "backward": 0, "pool_forward": 0, "pool_backward": 0}
 
 
 @contextlib.contextmanager
@@ -164,6 +164,91 @@ class _Conv1PoolReLU(torch.autograd.Function):
         fn(_ptr(x), ctypes.c_int64(x.stride(0)), ctypes.c_int64(x.stride(1)), _ptr(g), _ptr(idx), _ptr(gw), _ptr(gb),
            *_dims(x, ctx.k))
         return None, gw if need_w else None, gb if need_b else None, None
+
+
+def pool_applies(h: torch.Tensor, bias: torch.Tensor, groups: int) -> bool:
+    """Whether :func:`pool_bias_relu_flat` can run on the map ``h``.
+
+    It can for a channels-last CPU float32/float64 map ``[B, G*K, H, W]`` with even ``H``, ``W``
+    and a matching ``bias [G*K]``, outside autocast and ``torch.func``, the kernel built.
+    """
+    if not _STATE["enabled"] or h.dtype not in _DTYPES or h.device.type != "cpu" or h.ndim != 4:
+        return False
+    if bias.dtype != h.dtype or bias.device.type != "cpu" or bias.shape != (h.shape[1],) or h.shape[1] % groups:
+        return False
+    if h.shape[2] % 2 or h.shape[3] % 2 or not h.permute(0, 2, 3, 1).is_contiguous():
+        return False
+    if torch.is_autocast_enabled("cpu") or any(
+        torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (h, bias)  # type: ignore[attr-defined]
+    ):
+        return False
+    return available()
+
+
+class _PoolBiasReLU(torch.autograd.Function):
+    """``relu(max_pool2(h) + bias)`` of a channels-last map, written as ``[G, B, K*H/2*W/2]``."""
+
+    @staticmethod
+    def forward(h: torch.Tensor, bias: torch.Tensor, groups: int, record: bool):  # type: ignore[override]
+        lib = load_library()
+        assert lib is not None
+        CALLS["pool_forward"] += 1
+        b, gk, hh, ww = h.shape
+        k = gk // groups
+        out = torch.empty((groups, b, k * (hh // 2) * (ww // 2)), dtype=h.dtype)
+        idx = torch.empty((b, hh // 2, ww // 2, gk), dtype=_CODES[h.dtype]) if record else None
+        getattr(lib, f"fedhv_pool_forward_{_DTYPES[h.dtype]}")(
+            _ptr(h), _ptr(bias.detach().contiguous()), _ptr(out), _ptr(idx),
+            *[ctypes.c_int64(v) for v in (b, groups, k, hh, ww)], ctypes.c_int(torch.get_num_threads()))
+        return out, idx
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def,override]
+        h, _bias, groups, _record = inputs
+        _out, idx = output
+        if idx is not None:
+            ctx.mark_non_differentiable(idx)
+        ctx.set_materialize_grads(False)
+        ctx.shape, ctx.groups = tuple(h.shape), groups
+        ctx.save_for_backward(idx)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor | None, _gidx: torch.Tensor | None):  # type: ignore[no-untyped-def,override]
+        if g is None:
+            return None, None, None, None
+        lib = load_library()
+        assert lib is not None
+        CALLS["pool_backward"] += 1
+        (idx,) = ctx.saved_tensors
+        b, gk, hh, ww = ctx.shape
+        g = g.contiguous()
+        gh = torch.empty((b, hh, ww, gk), dtype=g.dtype)  # every element is written
+        gb = torch.empty(gk, dtype=g.dtype) if ctx.needs_input_grad[1] else None
+        getattr(lib, f"fedhv_pool_backward_{_DTYPES[g.dtype]}")(
+            _ptr(g), _ptr(idx), _ptr(gh), _ptr(gb),
+            *[ctypes.c_int64(v) for v in (b, ctx.groups, gk // ctx.groups, hh, ww)],
+            ctypes.c_int(torch.get_num_threads()))
+        return gh.permute(0, 3, 1, 2), gb, None, None
+
+
+def pool_bias_relu_flat(h: torch.Tensor, bias: torch.Tensor, groups: int) -> torch.Tensor:
+    """``relu(max_pool2(h) + bias)`` per group, flattened: ``[G, B, K * H/2 * W/2]``.
+
+    Parameters
+    ----------
+    h : Tensor ``[B, G * K, H, W]``, channels last
+    bias : Tensor ``[G * K]``
+    groups : int
+
+    Returns
+    -------
+    Tensor ``[G, B, K * H/2 * W/2]`` (contiguous; features in ``nn.Flatten``'s (channel, row,
+    col) order), the gradient flowing to ``h`` and ``bias``. Call only where :func:`pool_applies`.
+    """
+    record = torch.is_grad_enabled() and (h.requires_grad or bias.requires_grad)
+    out, _idx = _PoolBiasReLU.apply(h, bias, groups, record)
+    return out
 
 
 def conv1_pool_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
-SOURCE = "conv1_pool.cpp"
+SOURCE = "kernels.cpp"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp")
 
 _LOCK = threading.Lock()
@@ -125,3 +125,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         bwd = getattr(lib, f"fedhv_conv1_backward_{dtype}")
         bwd.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int]
         bwd.restype = None
+        for name in ("forward", "backward"):
+            pool = getattr(lib, f"fedhv_pool_{name}_{dtype}")
+            pool.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int]
+            pool.restype = None

@@ -1,8 +1,8 @@
-// Fused single-input-channel 3x3 convolution (padding 1) + 2x2 max-pool + bias + ReLU,
-// per group, for fedhv's LeNet first layer (fedhv/models/native/__init__.py explains the
-// maths and the calling convention; this file is compiled at first use and loaded with ctypes).
+// fedhv's compiled kernels (fedhv/models/native/__init__.py explains the maths and the calling
+// conventions; this file is compiled at first use and loaded with ctypes).
 //
-// Shapes (all row-major):
+// 1. conv1: fused single-input-channel 3x3 convolution (padding 1) + 2x2 max-pool + bias + ReLU,
+//    per group (LeNet's first layer). Shapes (all row-major):
 //   x    : B x C planes of H x W values; plane (b, c) starts at x + b*sxb + c*sxc, rows contiguous.
 //   w    : [C*K, 9]  (group c's output channel k has the 3x3 taps w[(c*K + k)*9 + 3u + v])
 //   bias : [C*K]
@@ -12,6 +12,12 @@
 //          (y <= 0). Codes as wide as the values: GCC 12 widens a uint8 vector lane by lane.
 //   gw   : [C*K, 9], gb : [C*K]  gradients of sum(g * y) for g : [B, H/2, W/2, C*K].
 // K <= 16: one vector of 16 lanes holds a group's K output channels (lanes >= K stay zero).
+//
+// 2. pool: 2x2 max-pool + bias + ReLU of a channels-last map, written per group and flattened
+//    (the layout the per-copy linear layer reads):
+//   h    : [B, H, W, G*K]  channels last;  bias : [G*K]
+//   out  : [G, B, K, H/2, W/2]  out = relu(max_window h + bias);  idx : [B, H/2, W/2, G*K] codes as above
+//   gh   : [B, H, W, G*K]  gradient of sum(g * out), every element written (no zero-fill needed)
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -208,6 +214,105 @@ void backward(const T* x, int64_t sxb, int64_t sxc, const T* g, const typename L
     }
 }
 
+
+// Vector of the n <= L values at p (lanes >= n: `fill`), without reading past p + n.
+template <typename V, typename T> inline V load_n(const T* p, int64_t n, T fill) {
+    if (n == L) return load<V>(p);
+    T tmp[L];
+    for (int64_t l = 0; l < L; ++l) tmp[l] = l < n ? p[l] : fill;
+    return load<V>(tmp);
+}
+
+template <typename T>
+void pool_forward(const T* h, const T* bias, T* out, typename Lanes<T>::Code* idx, int64_t B, int64_t G, int64_t K,
+                  int64_t H, int64_t W, int threads) {
+    typedef typename Lanes<T>::V V;
+    typedef typename Lanes<T>::I I;
+    typedef typename Lanes<T>::Code Code;
+    const int64_t Ho = H / 2, Wo = W / 2, GK = G * K, S = Ho * Wo;
+    std::vector<int64_t> base(GK);  // out offset of channel g*K + k at b = 0, (i, j) = 0
+    for (int64_t ch = 0; ch < GK; ++ch) base[ch] = (ch / K) * B * K * S + (ch % K) * S;
+    const int64_t* const bp = base.data();
+    parallel(B, threads, [=](int64_t b) {
+        T o[L];
+        Code code[L];
+        for (int64_t i = 0; i < Ho; ++i)
+            for (int64_t j = 0; j < Wo; ++j) {
+                const T* p = h + ((b * H + 2 * i) * W + 2 * j) * GK;
+                const int64_t pos = b * K * S + i * Wo + j;
+                for (int64_t ch = 0; ch < GK; ch += L) {
+                    const int64_t n = std::min<int64_t>(L, GK - ch);
+                    const V a0 = load_n<V>(p + ch, n, T(0)), a1 = load_n<V>(p + GK + ch, n, T(0));
+                    const V a2 = load_n<V>(p + W * GK + ch, n, T(0)), a3 = load_n<V>(p + (W + 1) * GK + ch, n, T(0));
+                    V m = a0;
+                    I arg = {};
+                    I up = (a1 > m) | (a1 != a1);
+                    m = up ? a1 : m; arg = up ? I{} + 1 : arg;
+                    up = (a2 > m) | (a2 != a2);
+                    m = up ? a2 : m; arg = up ? I{} + 2 : arg;
+                    up = (a3 > m) | (a3 != a3);
+                    m = up ? a3 : m; arg = up ? I{} + 3 : arg;
+                    const V v = m + load_n<V>(bias + ch, n, T(0));
+                    const I off = v <= V{};
+                    store(o, off ? V{} : v);
+                    for (int64_t l = 0; l < n; ++l) out[bp[ch + l] + pos] = o[l];
+                    if (idx) {
+                        store(code, off ? I{} - 1 : arg);
+                        std::memcpy(idx + ((b * Ho + i) * Wo + j) * GK + ch, code, n * sizeof(Code));
+                    }
+                }
+            }
+    });
+}
+
+template <typename T>
+void pool_backward(const T* g, const typename Lanes<T>::Code* idx, T* gh, T* gb, int64_t B, int64_t G, int64_t K,
+                   int64_t H, int64_t W, int threads) {
+    typedef typename Lanes<T>::V V;
+    typedef typename Lanes<T>::I I;
+    typedef typename Lanes<T>::Code Code;
+    const int64_t Ho = H / 2, Wo = W / 2, GK = G * K, S = Ho * Wo;
+    const int64_t block = 16, blocks = (B + block - 1) / block, nv = (GK + L - 1) / L;
+    std::vector<int64_t> base(GK);
+    for (int64_t ch = 0; ch < GK; ++ch) base[ch] = (ch / K) * B * K * S + (ch % K) * S;
+    const int64_t* const bp = base.data();
+    std::vector<V> part(blocks * nv);  // bias-gradient partial sums per block of samples
+    V* const pp = part.data();
+    parallel(blocks, threads, [=](int64_t blk) {
+        T gl[L], outv[L];
+        V* acc = pp + blk * nv;
+        for (int64_t b = blk * block; b < std::min(B, (blk + 1) * block); ++b)
+            for (int64_t i = 0; i < Ho; ++i)
+                for (int64_t j = 0; j < Wo; ++j) {
+                    T* q = gh + ((b * H + 2 * i) * W + 2 * j) * GK;
+                    const int64_t pos = b * K * S + i * Wo + j;
+                    for (int64_t ch = 0, v = 0; ch < GK; ch += L, ++v) {
+                        const int64_t n = std::min<int64_t>(L, GK - ch);
+                        for (int64_t l = 0; l < L; ++l) gl[l] = l < n ? g[bp[ch + l] + pos] : T(0);
+                        const V gv = load<V>(gl);
+                        const I id = load_n<I>(idx + ((b * Ho + i) * Wo + j) * GK + ch, n, Code(-1));
+                        acc[v] += id >= 0 ? gv : V{};
+                        T* const dst[4] = {q + ch, q + GK + ch, q + W * GK + ch, q + (W + 1) * GK + ch};
+                        for (int d = 0; d < 4; ++d) {
+                            const V r = id == d ? gv : V{};
+                            if (n == L) {
+                                store(dst[d], r);
+                            } else {
+                                store(outv, r);
+                                std::memcpy(dst[d], outv, n * sizeof(T));
+                            }
+                        }
+                    }
+                }
+    });
+    if (!gb) return;
+    for (int64_t v = 0; v < nv; ++v) {
+        V acc = {};
+        for (int64_t blk = 0; blk < blocks; ++blk) acc += part[blk * nv + v];
+        for (int64_t l = 0; l < L && v * L + l < GK; ++l) gb[v * L + l] = acc[l];
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -235,5 +340,17 @@ void fedhv_conv1_backward_f64(const double* x, int64_t sxb, int64_t sxc, const d
                               int threads) {
     backward(x, sxb, sxc, g, idx, gw, gb, B, C, H, W, K, threads);
 }
+
+#define FEDHV_POOL(SUFFIX, T)                                                                                   \
+    void fedhv_pool_forward_##SUFFIX(const T* h, const T* bias, T* out, Lanes<T>::Code* idx, int64_t B, int64_t G,  \
+                                     int64_t K, int64_t H, int64_t W, int threads) {                                \
+        pool_forward(h, bias, out, idx, B, G, K, H, W, threads);                                                    \
+    }                                                                                                               \
+    void fedhv_pool_backward_##SUFFIX(const T* g, const Lanes<T>::Code* idx, T* gh, T* gb, int64_t B, int64_t G,    \
+                                      int64_t K, int64_t H, int64_t W, int threads) {                               \
+        pool_backward(g, idx, gh, gb, B, G, K, H, W, threads);                                                      \
+    }
+FEDHV_POOL(f32, float)
+FEDHV_POOL(f64, double)
 
 }  // extern "C"
