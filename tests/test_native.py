@@ -183,3 +183,85 @@ def test_builds_into_the_cache_directory(tmp_path: Path) -> None:
     stamp = libs[0].stat().st_mtime_ns
     subprocess.run([sys.executable, "-c", script], env=env, timeout=300, check=True)
     assert libs[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+def pool_oracle(h: torch.Tensor, bias: torch.Tensor, groups: int) -> torch.Tensor:
+    """PyTorch: ``relu(max_pool2d(h) + bias)``, then per group flattened to ``[G, B, K*H'*W']``."""
+    out = F.relu(F.max_pool2d(h, 2) + bias.view(-1, 1, 1))
+    return out.reshape(out.shape[0], groups, -1).transpose(0, 1)
+
+
+@pytest.mark.parametrize("b,g,k,hw", [(33, 1, 15, 12), (5, 20, 15, 12), (18, 3, 17, 6), (2, 1, 64, 8), (1, 2, 1, 4)])
+def test_pool_kernel_equals_pytorch_float64(b: int, g: int, k: int, hw: int) -> None:
+    """The pooled, biased, rectified and per-group flattened map, and the gradients of map and bias,
+    equal PyTorch's (float64); channel counts with and without a partial 16-lane vector."""
+    gen = torch.Generator().manual_seed(b * 7 + k)
+    h = torch.randn(b, hw, hw, g * k, generator=gen, dtype=torch.float64).permute(0, 3, 1, 2).requires_grad_(True)
+    bias = (torch.randn(g * k, generator=gen, dtype=torch.float64) - 0.5).requires_grad_(True)
+    assert native.pool_applies(h, bias, g)
+    got = native.pool_bias_relu_flat(h, bias, g)
+    ref = pool_oracle(h, bias, g)
+    assert got.shape == (g, b, k * (hw // 2) ** 2) and got.is_contiguous()
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    up = torch.randn(ref.shape, generator=gen, dtype=ref.dtype)
+    gh, gb = torch.autograd.grad((got * up).sum(), (h, bias))
+    rh, rb = torch.autograd.grad((ref * up).sum(), (h, bias))
+    torch.testing.assert_close(gh, rh, rtol=0, atol=0)  # each element is one upstream value or 0
+    torch.testing.assert_close(gb, rb, rtol=0, atol=1e-12)
+
+
+def test_pool_kernel_ties_and_threads() -> None:
+    """Tied windows give the gradient to the first maximum; 1 and 2 threads give the same bits."""
+    h = torch.randn(20, 3, 3, 40, dtype=torch.float32).repeat_interleave(2, 1).repeat_interleave(2, 2)
+    h = h.permute(0, 3, 1, 2).requires_grad_(True)
+    bias = torch.randn(40).requires_grad_(True)
+    outs, before = [], torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y = native.pool_bias_relu_flat(h, bias, 4)
+            outs.append((y, *torch.autograd.grad(y.square().sum(), (h, bias))))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    ref = pool_oracle(h, bias, 4)
+    rh = torch.autograd.grad(ref.square().sum(), h)[0]
+    assert torch.equal(outs[0][1], rh)
+
+
+def test_pool_kernel_only_where_it_applies() -> None:
+    h = torch.randn(2, 6, 6, 30).permute(0, 3, 1, 2)
+    bias = torch.randn(30)
+    assert native.pool_applies(h, bias, 2) and native.pool_applies(h, bias, 3)
+    assert not native.pool_applies(h.contiguous(), bias, 2)  # NCHW
+    assert not native.pool_applies(h, bias, 4)  # 30 channels are not 4 groups
+    assert not native.pool_applies(h[..., :5, :5], bias, 2)  # odd sizes
+    assert not native.pool_applies(h, bias.double(), 2)
+    assert not native.pool_applies(h.bfloat16(), bias.bfloat16(), 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not native.pool_applies(h, bias, 2)
+    with native.disabled():
+        assert not native.pool_applies(h, bias, 2)
+
+
+def test_flat_features_equal_the_module_layout_with_and_without_kernels() -> None:
+    """``conv_pool_relu_flat`` gives ``conv_pool_relu``'s map in ``nn.Flatten`` order per group, on
+    every path: compiled first layer, compiled pooling (channels last), and PyTorch only."""
+    from fedhv.models.functional import conv_pool_relu_flat
+
+    gen = torch.Generator().manual_seed(11)
+    x1 = torch.randn(7, 3, 28, 28, generator=gen, dtype=torch.float64)
+    w1, b1 = torch.randn(30, 1, 3, 3, generator=gen, dtype=torch.float64), torch.randn(30, generator=gen, dtype=torch.float64)
+    x2 = torch.randn(7, 30, 14, 14, generator=gen, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    w2 = torch.randn(45, 10, 3, 3, generator=gen, dtype=torch.float64)
+    b2 = torch.randn(45, generator=gen, dtype=torch.float64)
+    for x, w, b, pad in ((x1, w1, b1, 1), (x2, w2, b2, 0)):
+        with native.disabled():
+            ref = conv_pool_relu(x, w, b, pad, groups=3)
+            plain = conv_pool_relu_flat(x, w, b, pad, groups=3)
+        ref = ref.reshape(7, 3, -1).transpose(0, 1)
+        torch.testing.assert_close(plain, ref, rtol=0, atol=0)
+        calls = dict(native.CALLS)
+        torch.testing.assert_close(conv_pool_relu_flat(x, w, b, pad, groups=3), ref, rtol=0, atol=1e-12)
+        assert native.CALLS != calls  # a kernel ran

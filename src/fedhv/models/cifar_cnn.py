@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhv.models.base import MultiTaskModel
-from fedhv.models.functional import bmm_linear, conv_pool_relu, masked_dropout
+from fedhv.models.functional import bmm_linear, conv_pool_relu, conv_pool_relu_flat, masked_dropout
 
 
 def conv_features(
@@ -38,7 +38,7 @@ def conv_features(
     """
     h = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
     h = conv_pool_relu(h, w1, b1, 1)
-    return conv_pool_relu(h, w2, b2, 1).flatten(1)
+    return conv_pool_relu_flat(h, w2, b2, 1)[0]
 
 
 class CifarHead(nn.Module):

@@ -215,12 +215,34 @@ void backward(const T* x, int64_t sxb, int64_t sxc, const T* g, const typename L
 }
 
 
-// Vector of the n <= L values at p (lanes >= n: `fill`), without reading past p + n.
-template <typename V, typename T> inline V load_n(const T* p, int64_t n, T fill) {
+// The n <= L values at p as a vector, lanes >= n set to `fill`. `safe`: all L lanes lie inside
+// the tensor, so one full load is made and `keep` (lanes < n all ones) selects in registers.
+template <typename V, typename I, typename T>
+inline V load_n(const T* p, int64_t n, const V& fill, const I& keep, bool safe) {
     if (n == L) return load<V>(p);
+    if (safe) return keep ? load<V>(p) : fill;
     T tmp[L];
-    for (int64_t l = 0; l < L; ++l) tmp[l] = l < n ? p[l] : fill;
+    store(tmp, fill);
+    for (int64_t l = 0; l < n; ++l) tmp[l] = p[l];
     return load<V>(tmp);
+}
+
+// Writes lanes < n of v to p. `safe`: the L lanes at p lie in memory only this thread writes
+// (and nothing writes between the read and the write here), so lanes >= n are written back unchanged.
+template <typename V, typename I, typename T>
+inline void store_n(T* p, const V& v, int64_t n, const I& keep, bool safe) {
+    if (n == L) return store(p, v);
+    if (safe) return store(p, keep ? v : load<V>(p));
+    T tmp[L];
+    store(tmp, v);
+    for (int64_t l = 0; l < n; ++l) p[l] = tmp[l];
+}
+
+// Lanes < n all ones.
+template <typename I> inline I first_lanes(int64_t n) {
+    I m = {};
+    for (int l = 0; l < L; ++l) m[l] = l < n ? -1 : 0;
+    return m;
 }
 
 template <typename T>
@@ -229,36 +251,41 @@ void pool_forward(const T* h, const T* bias, T* out, typename Lanes<T>::Code* id
     typedef typename Lanes<T>::V V;
     typedef typename Lanes<T>::I I;
     typedef typename Lanes<T>::Code Code;
-    const int64_t Ho = H / 2, Wo = W / 2, GK = G * K, S = Ho * Wo;
-    std::vector<int64_t> base(GK);  // out offset of channel g*K + k at b = 0, (i, j) = 0
+    const int64_t Ho = H / 2, Wo = W / 2, GK = G * K, S = Ho * Wo, nv = (GK + L - 1) / L;
+    std::vector<int64_t> base(GK + L, 0);  // out offset of channel g*K + k at b = 0, (i, j) = 0
     for (int64_t ch = 0; ch < GK; ++ch) base[ch] = (ch / K) * B * K * S + (ch % K) * S;
+    std::vector<V> bv(nv);
+    const I keep = first_lanes<I>(GK - (nv - 1) * L);  // the lanes of the last (partial) vector
+    for (int64_t v = 0; v < nv; ++v) bv[v] = load_n(bias + v * L, std::min<int64_t>(L, GK - v * L), V{}, keep, false);
     const int64_t* const bp = base.data();
+    const V* const bvp = bv.data();
+    const T* const h_end = h + B * H * W * GK;
     parallel(B, threads, [=](int64_t b) {
         T o[L];
-        Code code[L];
+        Code* const idx_end = idx ? idx + (b + 1) * Ho * Wo * GK : nullptr;
         for (int64_t i = 0; i < Ho; ++i)
             for (int64_t j = 0; j < Wo; ++j) {
                 const T* p = h + ((b * H + 2 * i) * W + 2 * j) * GK;
                 const int64_t pos = b * K * S + i * Wo + j;
-                for (int64_t ch = 0; ch < GK; ch += L) {
+                for (int64_t ch = 0, v = 0; ch < GK; ch += L, ++v) {
                     const int64_t n = std::min<int64_t>(L, GK - ch);
-                    const V a0 = load_n<V>(p + ch, n, T(0)), a1 = load_n<V>(p + GK + ch, n, T(0));
-                    const V a2 = load_n<V>(p + W * GK + ch, n, T(0)), a3 = load_n<V>(p + (W + 1) * GK + ch, n, T(0));
-                    V m = a0;
+                    const T* q[4] = {p + ch, p + GK + ch, p + W * GK + ch, p + (W + 1) * GK + ch};
+                    V a[4];
+                    for (int d = 0; d < 4; ++d) a[d] = load_n(q[d], n, V{}, keep, q[d] + L <= h_end);
+                    V m = a[0];
                     I arg = {};
-                    I up = (a1 > m) | (a1 != a1);
-                    m = up ? a1 : m; arg = up ? I{} + 1 : arg;
-                    up = (a2 > m) | (a2 != a2);
-                    m = up ? a2 : m; arg = up ? I{} + 2 : arg;
-                    up = (a3 > m) | (a3 != a3);
-                    m = up ? a3 : m; arg = up ? I{} + 3 : arg;
-                    const V v = m + load_n<V>(bias + ch, n, T(0));
-                    const I off = v <= V{};
-                    store(o, off ? V{} : v);
+                    for (int d = 1; d < 4; ++d) {
+                        const I up = (a[d] > m) | (a[d] != a[d]);
+                        m = up ? a[d] : m;
+                        arg = up ? I{} + d : arg;
+                    }
+                    const V val = m + bvp[v];
+                    const I off = val <= V{};
+                    store(o, off ? V{} : val);
                     for (int64_t l = 0; l < n; ++l) out[bp[ch + l] + pos] = o[l];
                     if (idx) {
-                        store(code, off ? I{} - 1 : arg);
-                        std::memcpy(idx + ((b * Ho + i) * Wo + j) * GK + ch, code, n * sizeof(Code));
+                        Code* c = idx + ((b * Ho + i) * Wo + j) * GK + ch;
+                        store_n(c, off ? I{} - 1 : arg, n, keep, c + L <= idx_end);
                     }
                 }
             }
@@ -278,10 +305,14 @@ void pool_backward(const T* g, const typename Lanes<T>::Code* idx, T* gh, T* gb,
     const int64_t* const bp = base.data();
     std::vector<V> part(blocks * nv);  // bias-gradient partial sums per block of samples
     V* const pp = part.data();
+    const Code* const idx_end = idx + B * Ho * Wo * GK;
+    const I keep = first_lanes<I>(GK - (nv - 1) * L);
     parallel(blocks, threads, [=](int64_t blk) {
-        T gl[L], outv[L];
+        T gl[L];
         V* acc = pp + blk * nv;
-        for (int64_t b = blk * block; b < std::min(B, (blk + 1) * block); ++b)
+        const int64_t b1 = std::min(B, (blk + 1) * block);
+        T* const gh_end = gh + b1 * H * W * GK;  // this task writes samples [blk * block, b1)
+        for (int64_t b = blk * block; b < b1; ++b)
             for (int64_t i = 0; i < Ho; ++i)
                 for (int64_t j = 0; j < Wo; ++j) {
                     T* q = gh + ((b * H + 2 * i) * W + 2 * j) * GK;
@@ -290,18 +321,13 @@ void pool_backward(const T* g, const typename Lanes<T>::Code* idx, T* gh, T* gb,
                         const int64_t n = std::min<int64_t>(L, GK - ch);
                         for (int64_t l = 0; l < L; ++l) gl[l] = l < n ? g[bp[ch + l] + pos] : T(0);
                         const V gv = load<V>(gl);
-                        const I id = load_n<I>(idx + ((b * Ho + i) * Wo + j) * GK + ch, n, Code(-1));
+                        const Code* c = idx + ((b * Ho + i) * Wo + j) * GK + ch;
+                        const I id = load_n(c, n, I{} - 1, keep, c + L <= idx_end);
                         acc[v] += id >= 0 ? gv : V{};
+                        // Window order (0,0) (0,1) (1,0) (1,1): a partial vector's spill-over lanes are
+                        // written back unchanged, and only ever into this task's samples.
                         T* const dst[4] = {q + ch, q + GK + ch, q + W * GK + ch, q + (W + 1) * GK + ch};
-                        for (int d = 0; d < 4; ++d) {
-                            const V r = id == d ? gv : V{};
-                            if (n == L) {
-                                store(dst[d], r);
-                            } else {
-                                store(outv, r);
-                                std::memcpy(dst[d], outv, n * sizeof(T));
-                            }
-                        }
+                        for (int d = 0; d < 4; ++d) store_n(dst[d], id == d ? gv : V{}, n, keep, dst[d] + L <= gh_end);
                     }
                 }
     });
