@@ -75,14 +75,17 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
 def terminated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """A real ``fedhv run`` stopped with SIGTERM after a checkpoint and at least one later round."""
     out = tmp_path_factory.mktemp("terminated") / "run"
+    # Checkpoints every 6 rounds (with each test evaluation): SIGTERM comes 1-3 rounds after one,
+    # so the next periodic checkpoint cannot land between the check and the signal (rounds of
+    # this small run take a few tens of ms).
     proc = subprocess.Popen([sys.executable, "-m", "fedhv.cli", "run", "multimnist", "--rounds", str(LONG_ROUNDS), "--quiet",
-                             "--out", str(out), *_sets(*LONG)], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             "--out", str(out), *_sets(*LONG, "eval.test_period=6")], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             ckpt = _checkpoint_round(out)
-            if ckpt and len(read_jsonl(out / "rounds.jsonl")) > ckpt:
+            if ckpt and ckpt < len(read_jsonl(out / "rounds.jsonl")) <= ckpt + 3:
                 break
             if proc.poll() is not None:
                 pytest.fail("the run finished before SIGTERM; make it longer")

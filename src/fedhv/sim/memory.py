@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from torch.func import functional_call, vmap
 
+from fedhv.models import native
 from fedhv.models.base import MultiTaskModel
 
 log = logging.getLogger("fedhv")
@@ -175,17 +176,19 @@ def saved_activation_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], 
     ``s = a_2 - a_1`` and ``a_B = a_1 + (B - 1) s``. (A dry forward on the ``meta``
     device gives the same numbers but costs about a second the first time a process
     uses the meta kernels; the two small forwards cost 0.1-1 s and are measured once per
-    process for each model structure, input shape, dtype and device.)
+    process for each model structure, input shape, dtype and device, and with and without
+    the compiled kernels of :mod:`fedhv.models.native`.)
     """
     key = (type(model).__qualname__, tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
-           tuple(sorted(model.dropout_sites().items())), tuple(input_shape), dtype, str(next(model.parameters()).device))
+           tuple(sorted(model.dropout_sites().items())), tuple(input_shape), dtype, str(next(model.parameters()).device),
+           native.enabled())  # the compiled kernels save less than PyTorch's layers
     if key not in _SAVED:
         _SAVED[key] = (_saved_bytes(model, input_shape, 1, dtype), _saved_bytes(model, input_shape, 2, dtype))
     one, two = _SAVED[key]
     return one + (batch_size - 1) * max(two - one, 0)
 
 
-#: Measured ``(a_1, a_2)`` per model structure, input shape, dtype and device (a process measures once).
+#: Measured ``(a_1, a_2)`` per model structure, input shape, dtype, device and kernel switch (a process measures once).
 _SAVED: dict[tuple[object, ...], tuple[int, int]] = {}
 
 
