@@ -67,6 +67,25 @@ def test_forward_and_gradients_equal_paper_order_float64(c: int, b: int, k: int,
     torch.testing.assert_close(gb, rb, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("c,b,k,h,w", [(1, 19, 10, 28, 28), (3, 5, 16, 6, 36), (2, 2, 1, 4, 2)])
+def test_inference_forward_equals_paper_order_and_the_training_forward(c: int, b: int, k: int, h: int,
+                                                                        w: int) -> None:
+    """Without autograd the kernel runs its column-vectorised forward (no window codes): the same
+    values as the paper-order layer and, bit for bit, as the recording forward; rows of more than
+    16 pooled columns are split into vectors."""
+    x, wt, bias = _case(c, b, k, h, w, torch.float64, seed=31 + c)
+    ref = paper_order(x, wt, bias, c)
+    recorded = conv_pool_relu(x, wt, bias, 1, groups=c)
+    with torch.no_grad():
+        got = conv_pool_relu(x, wt, bias, 1, groups=c)
+    torch.testing.assert_close(got, ref.detach(), rtol=0, atol=1e-12)
+    assert torch.equal(got, recorded.detach()) and got.is_contiguous(memory_format=torch.channels_last)
+    x32, w32, b32 = x.float(), wt.detach().float(), bias.detach().float()
+    with torch.no_grad():
+        torch.testing.assert_close(conv_pool_relu(x32, w32, b32, 1, groups=c), paper_order(x32, w32, b32, c),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_ties_send_the_gradient_to_the_first_maximum() -> None:
     """Every 2x2 window ties, while the patches under it differ: PyTorch's pool takes the first
     (row-major) maximum, and so must the kernel, or the weight gradient of every tap changes.
