@@ -31,7 +31,7 @@ scatter) and ReLU backward were most of a MultiMNIST training step's time
 registers (lanes = the ``K <= 16`` output channels of a group) and writes only the pooled
 map, channels last, which the second convolution reads as is.
 
-The C++ source (``kernels.cpp``) is compiled at first use with the system's C++ compiler
+The C++ sources (``common.h``, ``conv1.cpp``, ``pool.cpp``, ...) are compiled at first use with the system's C++ compiler
 (``$CXX`` or ``c++``; ``-O3 -march=native``, about 1 s) into a cache directory
 (``$FEDHV_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedhv``, else ``~/.cache/fedhv``), keyed by the
 source, the flags, the compiler's version and the CPU's feature flags, and loaded with
@@ -56,7 +56,7 @@ from fedhv.models.native.build import load_library
 
 _STATE: dict[str, object] = {"enabled": os.environ.get("FEDHV_NATIVE", "1") != "0"}
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
-#: Window codes (0..3, or -1 where the ReLU is inactive) as wide as the values (kernels.cpp).
+#: Window codes (0..3, or -1 where the ReLU is inactive) as wide as the values (conv1.cpp).
 _CODES = {torch.float32: torch.int32, torch.float64: torch.int64}
 _LANES = 16
 #: Kernel calls in this process (benchmarks tell from it whether a model uses the kernel).

@@ -21,7 +21,8 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
-SOURCE = "kernels.cpp"
+#: The library's sources: headers first, then the compiled translation units.
+SOURCES = ("common.h", "conv1.cpp", "pool.cpp")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp")
 
 _LOCK = threading.Lock()
@@ -57,22 +58,28 @@ def _cpu_flags() -> str:
     return platform.processor() + platform.machine()
 
 
-def _build(cxx: list[str], source: bytes, target: Path) -> None:
+def _sources() -> dict[str, bytes]:
+    pkg = resources.files("fedhv.models.native")
+    return {name: pkg.joinpath(name).read_bytes() for name in SOURCES}
+
+
+def _build(cxx: list[str], sources: dict[str, bytes], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
-    src_fd, src = tempfile.mkstemp(suffix=".cpp")
     try:
-        with os.fdopen(src_fd, "wb") as f:
-            f.write(source)
-        done = subprocess.run([*cxx, *FLAGS, src, "-o", tmp], capture_output=True, text=True, timeout=300, check=False)
+        with tempfile.TemporaryDirectory() as src:
+            for name, text in sources.items():
+                Path(src, name).write_bytes(text)
+            units = [str(Path(src, name)) for name in sources if name.endswith(".cpp")]
+            done = subprocess.run([*cxx, *FLAGS, *units, "-o", tmp], capture_output=True, text=True, timeout=300,
+                                  check=False)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "compiler failed")
         os.replace(tmp, target)
     finally:
-        for path in (tmp, src):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def library_path() -> Path | None:
@@ -80,14 +87,14 @@ def library_path() -> Path | None:
     cxx = compiler()
     if cxx is None:
         return None
-    source = resources.files("fedhv.models.native").joinpath(SOURCE).read_bytes()
+    sources = _sources()
     try:
         version = subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(),
+    key = hashlib.sha256(b"\0".join([*sources.values(), " ".join(FLAGS).encode(), version.encode(),
                                      _cpu_flags().encode()])).hexdigest()[:20]
-    return cache_dir() / f"{Path(SOURCE).stem}-{key}.so"
+    return cache_dir() / f"kernels-{key}.so"
 
 
 def load_library() -> ctypes.CDLL | None:
@@ -103,8 +110,7 @@ def load_library() -> ctypes.CDLL | None:
             if path is None:
                 raise RuntimeError("no C++ compiler found (set CXX or install g++)")
             if not path.exists():
-                source = resources.files("fedhv.models.native").joinpath(SOURCE).read_bytes()
-                _build(compiler() or [], source, path)
+                _build(compiler() or [], _sources(), path)
             lib = ctypes.CDLL(str(path))
             _declare(lib)
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:

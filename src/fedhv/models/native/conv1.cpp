@@ -1,8 +1,5 @@
-// fedhv's compiled kernels (fedhv/models/native/__init__.py explains the maths and the calling
-// conventions; this file is compiled at first use and loaded with ctypes).
-//
-// 1. conv1: fused single-input-channel 3x3 convolution (padding 1) + 2x2 max-pool + bias + ReLU,
-//    per group (LeNet's first layer). Shapes (all row-major):
+// LeNet's first layer (fedhv/models/native/__init__.py): fused single-input-channel 3x3
+// convolution (padding 1) + 2x2 max-pool + bias + ReLU, per group. Shapes (all row-major):
 //   x    : B x C planes of H x W values; plane (b, c) starts at x + b*sxb + c*sxc, rows contiguous.
 //   w    : [C*K, 9]  (group c's output channel k has the 3x3 taps w[(c*K + k)*9 + 3u + v])
 //   bias : [C*K]
@@ -13,49 +10,10 @@
 //   gw   : [C*K, 9], gb : [C*K]  gradients of sum(g * y) for g : [B, H/2, W/2, C*K].
 // K <= 16: one vector of 16 lanes holds a group's K output channels (lanes >= K stay zero).
 //
-// 2. pool: 2x2 max-pool + bias + ReLU of a channels-last map, written per group and flattened
-//    (the layout the per-copy linear layer reads):
-//   h    : [B, H, W, G*K]  channels last;  bias : [G*K]
-//   out  : [G, B, K, H/2, W/2]  out = relu(max_window h + bias);  idx : [B, H/2, W/2, G*K] codes as above
-//   gh   : [B, H, W, G*K]  gradient of sum(g * out), every element written (no zero-fill needed)
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <thread>
-#include <vector>
+#include "common.h"
 
+namespace fedhv {
 namespace {
-
-constexpr int L = 16;
-typedef float vf __attribute__((vector_size(L * sizeof(float))));
-typedef double vd __attribute__((vector_size(L * sizeof(double))));
-typedef int32_t vi32 __attribute__((vector_size(L * sizeof(int32_t))));
-typedef int64_t vi64 __attribute__((vector_size(L * sizeof(int64_t))));
-
-template <typename T> struct Lanes;
-template <> struct Lanes<float> { typedef vf V; typedef vi32 I; typedef int32_t Code; };
-template <> struct Lanes<double> { typedef vd V; typedef vi64 I; typedef int64_t Code; };
-
-template <typename V, typename T> inline V load(const T* p) { V v; std::memcpy(&v, p, sizeof(V)); return v; }
-template <typename V, typename T> inline void store(T* p, const V& v) { std::memcpy(p, &v, sizeof(V)); }
-
-// Runs f(t) for t in [0, n) on up to `threads` threads. With OpenMP (the default build) these are
-// the threads of the process's OpenMP runtime, which is PyTorch's own: the library is loaded after
-// torch, so its libgomp.so.1 dependency resolves to the copy torch already loaded, and no second
-// pool of threads competes with torch's (spinning) workers for the cores.
-template <typename F> void parallel(int64_t n, int threads, const F& f) {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(std::max(1, threads)) if (n > 1 && threads > 1)
-    for (int64_t t = 0; t < n; ++t) f(t);
-#else
-    const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(threads, n));
-    std::vector<std::thread> pool;
-    for (int64_t r = 1; r < workers; ++r)
-        pool.emplace_back([=, &f] { for (int64_t t = r; t < n; t += workers) f(t); });
-    for (int64_t t = 0; t < n; t += workers) f(t);
-    for (auto& th : pool) th.join();
-#endif
-}
 
 // Copies the C planes of sample b into pad (C x (H+2) x (W+2), border already zero).
 template <typename T>
@@ -290,135 +248,12 @@ void backward(const T* x, int64_t sxb, int64_t sxc, const T* g, const typename L
 }
 
 
-// The n <= L values at p as a vector, lanes >= n set to `fill`. `safe`: all L lanes lie inside
-// the tensor, so one full load is made and `keep` (lanes < n all ones) selects in registers.
-template <typename V, typename I, typename T>
-inline V load_n(const T* p, int64_t n, const V& fill, const I& keep, bool safe) {
-    if (n == L) return load<V>(p);
-    if (safe) return keep ? load<V>(p) : fill;
-    T tmp[L];
-    store(tmp, fill);
-    for (int64_t l = 0; l < n; ++l) tmp[l] = p[l];
-    return load<V>(tmp);
-}
-
-// Writes lanes < n of v to p. `safe`: the L lanes at p lie in memory only this thread writes
-// (and nothing writes between the read and the write here), so lanes >= n are written back unchanged.
-template <typename V, typename I, typename T>
-inline void store_n(T* p, const V& v, int64_t n, const I& keep, bool safe) {
-    if (n == L) return store(p, v);
-    if (safe) return store(p, keep ? v : load<V>(p));
-    T tmp[L];
-    store(tmp, v);
-    for (int64_t l = 0; l < n; ++l) p[l] = tmp[l];
-}
-
-// Lanes < n all ones.
-template <typename I> inline I first_lanes(int64_t n) {
-    I m = {};
-    for (int l = 0; l < L; ++l) m[l] = l < n ? -1 : 0;
-    return m;
-}
-
-template <typename T>
-void pool_forward(const T* h, const T* bias, T* out, typename Lanes<T>::Code* idx, int64_t B, int64_t G, int64_t K,
-                  int64_t H, int64_t W, int threads) {
-    typedef typename Lanes<T>::V V;
-    typedef typename Lanes<T>::I I;
-    typedef typename Lanes<T>::Code Code;
-    const int64_t Ho = H / 2, Wo = W / 2, GK = G * K, S = Ho * Wo, nv = (GK + L - 1) / L;
-    std::vector<int64_t> base(GK + L, 0);  // out offset of channel g*K + k at b = 0, (i, j) = 0
-    for (int64_t ch = 0; ch < GK; ++ch) base[ch] = (ch / K) * B * K * S + (ch % K) * S;
-    std::vector<V> bv(nv);
-    const I keep = first_lanes<I>(GK - (nv - 1) * L);  // the lanes of the last (partial) vector
-    for (int64_t v = 0; v < nv; ++v) bv[v] = load_n(bias + v * L, std::min<int64_t>(L, GK - v * L), V{}, keep, false);
-    const int64_t* const bp = base.data();
-    const V* const bvp = bv.data();
-    const T* const h_end = h + B * H * W * GK;
-    parallel(B, threads, [=](int64_t b) {
-        T o[L];
-        Code* const idx_end = idx ? idx + (b + 1) * Ho * Wo * GK : nullptr;
-        for (int64_t i = 0; i < Ho; ++i)
-            for (int64_t j = 0; j < Wo; ++j) {
-                const T* p = h + ((b * H + 2 * i) * W + 2 * j) * GK;
-                const int64_t pos = b * K * S + i * Wo + j;
-                for (int64_t ch = 0, v = 0; ch < GK; ch += L, ++v) {
-                    const int64_t n = std::min<int64_t>(L, GK - ch);
-                    const T* q[4] = {p + ch, p + GK + ch, p + W * GK + ch, p + (W + 1) * GK + ch};
-                    V a[4];
-                    for (int d = 0; d < 4; ++d) a[d] = load_n(q[d], n, V{}, keep, q[d] + L <= h_end);
-                    V m = a[0];
-                    I arg = {};
-                    for (int d = 1; d < 4; ++d) {
-                        const I up = (a[d] > m) | (a[d] != a[d]);
-                        m = up ? a[d] : m;
-                        arg = up ? I{} + d : arg;
-                    }
-                    const V val = m + bvp[v];
-                    const I off = val <= V{};
-                    store(o, off ? V{} : val);
-                    for (int64_t l = 0; l < n; ++l) out[bp[ch + l] + pos] = o[l];
-                    if (idx) {
-                        Code* c = idx + ((b * Ho + i) * Wo + j) * GK + ch;
-                        store_n(c, off ? I{} - 1 : arg, n, keep, c + L <= idx_end);
-                    }
-                }
-            }
-    });
-}
-
-template <typename T>
-void pool_backward(const T* g, const typename Lanes<T>::Code* idx, T* gh, T* gb, int64_t B, int64_t G, int64_t K,
-                   int64_t H, int64_t W, int threads) {
-    typedef typename Lanes<T>::V V;
-    typedef typename Lanes<T>::I I;
-    typedef typename Lanes<T>::Code Code;
-    const int64_t Ho = H / 2, Wo = W / 2, GK = G * K, S = Ho * Wo;
-    const int64_t block = 16, blocks = (B + block - 1) / block, nv = (GK + L - 1) / L;
-    std::vector<int64_t> base(GK);
-    for (int64_t ch = 0; ch < GK; ++ch) base[ch] = (ch / K) * B * K * S + (ch % K) * S;
-    const int64_t* const bp = base.data();
-    std::vector<V> part(blocks * nv);  // bias-gradient partial sums per block of samples
-    V* const pp = part.data();
-    const Code* const idx_end = idx + B * Ho * Wo * GK;
-    const I keep = first_lanes<I>(GK - (nv - 1) * L);
-    parallel(blocks, threads, [=](int64_t blk) {
-        T gl[L];
-        V* acc = pp + blk * nv;
-        const int64_t b1 = std::min(B, (blk + 1) * block);
-        T* const gh_end = gh + b1 * H * W * GK;  // this task writes samples [blk * block, b1)
-        for (int64_t b = blk * block; b < b1; ++b)
-            for (int64_t i = 0; i < Ho; ++i)
-                for (int64_t j = 0; j < Wo; ++j) {
-                    T* q = gh + ((b * H + 2 * i) * W + 2 * j) * GK;
-                    const int64_t pos = b * K * S + i * Wo + j;
-                    for (int64_t ch = 0, v = 0; ch < GK; ch += L, ++v) {
-                        const int64_t n = std::min<int64_t>(L, GK - ch);
-                        for (int64_t l = 0; l < L; ++l) gl[l] = l < n ? g[bp[ch + l] + pos] : T(0);
-                        const V gv = load<V>(gl);
-                        const Code* c = idx + ((b * Ho + i) * Wo + j) * GK + ch;
-                        const I id = load_n(c, n, I{} - 1, keep, c + L <= idx_end);
-                        acc[v] += id >= 0 ? gv : V{};
-                        // Window order (0,0) (0,1) (1,0) (1,1): a partial vector's spill-over lanes are
-                        // written back unchanged, and only ever into this task's samples.
-                        T* const dst[4] = {q + ch, q + GK + ch, q + W * GK + ch, q + (W + 1) * GK + ch};
-                        for (int d = 0; d < 4; ++d) store_n(dst[d], id == d ? gv : V{}, n, keep, dst[d] + L <= gh_end);
-                    }
-                }
-    });
-    if (!gb) return;
-    for (int64_t v = 0; v < nv; ++v) {
-        V acc = {};
-        for (int64_t blk = 0; blk < blocks; ++blk) acc += part[blk * nv + v];
-        for (int64_t l = 0; l < L && v * L + l < GK; ++l) gb[v * L + l] = acc[l];
-    }
-}
-
 }  // namespace
+}  // namespace fedhv
+
+using namespace fedhv;
 
 extern "C" {
-
-int fedhv_conv1_lanes() { return L; }
 
 void fedhv_conv1_forward_f32(const float* x, int64_t sxb, int64_t sxc, const float* w, const float* bias, float* y,
                              int32_t* idx, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K, int threads) {
@@ -443,17 +278,5 @@ void fedhv_conv1_backward_f64(const double* x, int64_t sxb, int64_t sxc, const d
                               int threads) {
     backward(x, sxb, sxc, g, idx, gw, gb, B, C, H, W, K, threads);
 }
-
-#define FEDHV_POOL(SUFFIX, T)                                                                                   \
-    void fedhv_pool_forward_##SUFFIX(const T* h, const T* bias, T* out, Lanes<T>::Code* idx, int64_t B, int64_t G,  \
-                                     int64_t K, int64_t H, int64_t W, int threads) {                                \
-        pool_forward(h, bias, out, idx, B, G, K, H, W, threads);                                                    \
-    }                                                                                                               \
-    void fedhv_pool_backward_##SUFFIX(const T* g, const Lanes<T>::Code* idx, T* gh, T* gb, int64_t B, int64_t G,    \
-                                      int64_t K, int64_t H, int64_t W, int threads) {                               \
-        pool_backward(g, idx, gh, gb, B, G, K, H, W, threads);                                                      \
-    }
-FEDHV_POOL(f32, float)
-FEDHV_POOL(f64, double)
 
 }  // extern "C"
