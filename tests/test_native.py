@@ -182,7 +182,7 @@ def test_without_a_compiler_one_warning_and_the_pytorch_path(tmp_path: Path) -> 
         texts = [str(w.message) for w in caught if "compiled LeNet" in str(w.message)]
         print(len(texts), native.available(), native.CALLS["forward"], texts[0] if texts else "")
     """)
-    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), FEDHV_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), FEDHV_CACHE=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     count, available, calls, text = done.stdout.strip().split(" ", 3)
@@ -193,12 +193,12 @@ def test_without_a_compiler_one_warning_and_the_pytorch_path(tmp_path: Path) -> 
 def test_builds_into_the_cache_directory(tmp_path: Path) -> None:
     """A fresh cache directory gets one library, which a second process reuses without compiling."""
     script = "from fedhv.models import native; import sys; sys.exit(0 if native.available() else 1)"
-    env = dict(os.environ, FEDHV_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, FEDHV_CACHE=str(tmp_path))
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=False)
         assert done.returncode == 0, done.stderr
-        libs = list(tmp_path.glob("kernels-*.so"))
-        assert len(libs) == 1 and not list(tmp_path.glob("*.tmp*"))
+        libs = list((tmp_path / "kernels").glob("kernels-*.so"))
+        assert len(libs) == 1 and not list((tmp_path / "kernels").glob("*.tmp*"))
     stamp = libs[0].stat().st_mtime_ns
     subprocess.run([sys.executable, "-c", script], env=env, timeout=300, check=True)
     assert libs[0].stat().st_mtime_ns == stamp  # reused, not rebuilt

@@ -1,46 +1,54 @@
-"""A compiled, fused first layer for LeNet: 3x3 convolution (one input channel per group,
-padding 1) + 2x2 max-pool + bias + ReLU, forward and weight/bias gradients.
+r"""fedhv's compiled CPU kernels for the CNNs' convolution blocks (built at first use).
 
-For every group ``c`` (a model copy in the batched engine; ``c = 0`` only in the module
-forward), output channel ``k`` and pooled position ``(i, j)``:
-
-.. math::
-
-    y_{b,ck,i,j} = \\max\\Big(0,\\; b_{ck} + \\max_{(d,e)\\in\\{0,1\\}^2}
-        \\sum_{u,v=0}^{2} w_{ck,u,v}\\, \\tilde x_{b,c,2i+d+u,\\,2j+e+v}\\Big),
-
-with ``x~`` the input zero-padded by one pixel: the same function as
-:func:`fedhv.models.functional.conv_pool_relu` (``relu(max_pool2(conv2d(x, w)) + b)``). The
-forward also writes, per output, the window position of the first maximum (PyTorch's
-``max_pool2d`` convention) or "inactive" where ``y <= 0``; the backward, for an upstream
-gradient ``g``, is
+**conv1**: LeNet's first layer fused, a 3x3 convolution with one input channel per group
+(padding 1), 2x2 max-pool, bias and ReLU. For group ``c`` (a model copy in the batched engine;
+``c = 0`` only in the module forward), output channel ``k`` and pooled position ``(i, j)``:
 
 .. math::
 
-    \\frac{\\partial L}{\\partial w_{ck,u,v}} = \\sum_{b,i,j} g_{b,ck,i,j}\\,[y_{b,ck,i,j} > 0]\\,
-        \\tilde x_{b,c,2i+d^*+u,\\,2j+e^*+v}, \\qquad
-    \\frac{\\partial L}{\\partial b_{ck}} = \\sum_{b,i,j} g_{b,ck,i,j}\\,[y_{b,ck,i,j} > 0],
+    y_{b,ck,i,j} = \max\Big(0,\; b_{ck} + \max_{(d,e)\in\{0,1\}^2}
+        \sum_{u,v=0}^{2} w_{ck,u,v}\, \tilde x_{b,c,2i+d+u,\,2j+e+v}\Big),
 
-``(d*, e*)`` the stored window position. The input gets no gradient (it is data).
+``x~`` the input zero-padded by one pixel: :func:`fedhv.models.functional.conv_pool_relu`'s
+function. A recording forward also writes, per output, the window position of the first
+maximum (PyTorch's ``max_pool2d`` convention) or "inactive" where ``y <= 0``; the backward,
+for an upstream gradient ``g``, is
 
-Why: LeNet's first layer maps 1 channel to 10 at full 28 x 28 resolution, and oneDNN
-materialises that map (a 10-copy training batch of 32: 10 x 32 x 10 x 784 floats) only to
-pool three quarters of it away; its forward, pooling, pooling backward (a zero-filled
-scatter) and ReLU backward were most of a MultiMNIST training step's time
-(``docs/performance.md``). The kernel keeps everything of one pooled position in vector
-registers (lanes = the ``K <= 16`` output channels of a group) and writes only the pooled
-map, channels last, which the second convolution reads as is.
+.. math::
 
-The C++ sources (``common.h``, ``conv1.cpp``, ``pool.cpp``, ...) are compiled at first use with the system's C++ compiler
-(``$CXX`` or ``c++``; ``-O3 -march=native``, about 1 s) into a cache directory
-(``$FEDHV_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedhv``, else ``~/.cache/fedhv``), keyed by the
-source, the flags, the compiler's version and the CPU's feature flags, and loaded with
-:mod:`ctypes`. Where it cannot be built (no compiler), a one-line warning is issued once and
-every call takes the PyTorch path, as it does for float16/bf16, autocast, non-CPU tensors,
-``torch.func`` transforms, inputs that require a gradient, with ``FEDHV_NATIVE=0`` in the
-environment, and inside :func:`disabled`. The result matches the PyTorch path to round-off:
-the summation order of the nine taps differs from oneDNN's (``tests/test_native.py``
-compares both in float64).
+    \frac{\partial L}{\partial w_{ck,u,v}} = \sum_{b,i,j} g_{b,ck,i,j}\,[y_{b,ck,i,j} > 0]\,
+        \tilde x_{b,c,2i+d^*+u,\,2j+e^*+v}, \qquad
+    \frac{\partial L}{\partial b_{ck}} = \sum_{b,i,j} g_{b,ck,i,j}\,[y_{b,ck,i,j} > 0],
+
+``(d*, e*)`` the stored window position; the input gets no gradient (it is data). oneDNN
+materialises the 28 x 28 map (10 channels a sample) only to pool three quarters of it away:
+its forward, the pooling, the pooling's zero-filled backward scatter and the ReLU backward
+were most of a MultiMNIST training step. The kernel keeps a pooled position in registers and
+writes only the pooled map, channels last, which the next convolution reads as is
+(``conv1.cpp``: lanes are a group's ``K <= 16`` channels when recording; without autograd the
+lanes are 16 pooled columns, which keeps 14 of 16 lanes busy on a 28-pixel row).
+
+**pool**: ``relu(max_pool2(h) + b)`` of a channels-last map ``h [B, G*K, H, W]`` (the output of
+a model's last convolution), written per group and flattened, ``[G, B, K*H/2*W/2]`` in
+``nn.Flatten``'s order: the input of the per-copy linear layer, without the reshape copy. Its
+backward writes every element of ``dL/dh`` (the window maximum gets the gradient, the others
+0), so no zero-fill precedes it (``pool.cpp``).
+
+**Build.** The C++ sources (``common.h``, ``conv1.cpp``, ``pool.cpp``; plain C ABI, no torch
+headers) are compiled with the system's C++ compiler (``$CXX`` or ``c++``; ``-O3
+-march=native -fopenmp``, about 2 s) into ``$FEDHV_CACHE/kernels`` (else
+``~/.cache/fedhv/kernels``; a private temporary directory where that is read-only), keyed by
+the sources, the flags, the compiler's version and the CPU's feature flags, and loaded with
+:mod:`ctypes` (:mod:`fedhv.models.native.build`). Their threads are PyTorch's OpenMP threads
+(``torch.get_num_threads()``). Where no compiler is found, one warning is issued and every
+call takes the PyTorch path, as it does for GPU and meta tensors, float16/bf16, autocast,
+``torch.func`` transforms, inputs that require a gradient (conv1), with ``FEDHV_NATIVE=0`` in
+the environment, and inside :func:`disabled`.
+
+**Numerics.** Same functions as the PyTorch path: forward values equal to round-off (in
+practice bit for bit on the machines measured), weight and bias gradients summed in another
+order (``tests/test_native.py`` compares both with the paper-order layer in float64). Sums
+over samples run in fixed blocks added in order, so results do not depend on the thread count.
 """
 
 from __future__ import annotations

@@ -30,11 +30,12 @@ _CACHE: dict[str, ctypes.CDLL | None] = {}
 
 
 def cache_dir() -> Path:
-    """``$FEDHV_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedhv``, else ``~/.cache/fedhv``."""
-    if os.environ.get("FEDHV_CACHE_DIR"):
-        return Path(os.environ["FEDHV_CACHE_DIR"])
+    """``$FEDHV_CACHE/kernels`` (fedhv's cache, as for derived data), else
+    ``$XDG_CACHE_HOME/fedhv/kernels``, else ``~/.cache/fedhv/kernels``."""
+    if os.environ.get("FEDHV_CACHE"):
+        return Path(os.environ["FEDHV_CACHE"]) / "kernels"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fedhv"
+    return Path(base) / "fedhv" / "kernels"
 
 
 def compiler() -> list[str] | None:
@@ -110,7 +111,11 @@ def load_library() -> ctypes.CDLL | None:
             if path is None:
                 raise RuntimeError("no C++ compiler found (set CXX or install g++)")
             if not path.exists():
-                _build(compiler() or [], _sources(), path)
+                try:
+                    _build(compiler() or [], _sources(), path)
+                except OSError:  # a read-only cache: build for this process only
+                    path = Path(tempfile.mkdtemp(prefix="fedhv-kernels-")) / path.name
+                    _build(compiler() or [], _sources(), path)
             lib = ctypes.CDLL(str(path))
             _declare(lib)
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
