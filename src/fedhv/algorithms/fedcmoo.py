@@ -37,7 +37,6 @@ is not implemented.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
