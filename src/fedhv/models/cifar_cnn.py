@@ -93,7 +93,7 @@ def cifar_batched_forward(
     as fast as one grouped convolution over the copies, and the copy loop saves the
     concatenation of the first layer's maps and the grouped backward's layout copies:
     a CIFAR10-MNIST training step (10 copies x 128) took 0.52 s against 0.64 s with
-    ``conv2`` grouped (``docs/performance.md``).
+    ``conv2`` grouped (``docs/performance-history.md``, stop 15).
     """
     n = x.shape[0]
     w1, b1 = params["conv1.weight"], params["conv1.bias"]
