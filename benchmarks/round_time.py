@@ -13,9 +13,10 @@ batched/sequential ratio, and the achieved GFLOP/s of the report pass and of the
 pass separately, and the round's share of the machine's measured fp32 peak (``peak.py``).
 Where the model runs a compiled kernel (:mod:`fedhv.models.native`: LeNet's first layer,
 and the pooling of a last convolution), Part 1 also times the batched engine with the
-kernels disabled (row ``batched-pt``): their before/after in one run. Then the batched report pass and one test evaluation run
-alternately with the plain ``model(x)`` forward in PyTorch's own layers (no compiled kernel)
-and the fast inference path (:mod:`fedhv.models.inference`),
+kernels disabled (row ``batched-pt``): their before/after in one run. Then the batched
+report pass and one test evaluation run alternately with the plain ``model(x)`` forward in
+PyTorch's own layers (no compiled kernel) and the fast inference path
+(:mod:`fedhv.models.inference`),
 median wall and CPU seconds of each, plus the evaluation time of a whole run (every
 ``eval.test_period`` rounds and the final one). Part 2 times one round of each method with
 the batched engine, split into client and server time, as ratios to Uniform, and projects
@@ -161,7 +162,7 @@ def main() -> None:
             (total, _, _, cpu), eng, _ = time_rounds(cfg, data, "fedhv", name, args.rounds)
             rep = statistics.median(_timed(lambda e=eng: e.reports(theta, clients, 0, "all")) for _ in range(3))
         if name == "batched" and compiled and sum(native.CALLS.values()) > calls:
-            rows.append(("batched", False))  # the same round with the PyTorch first layer: before/after
+            rows.append(("batched", False))  # the same round on PyTorch's layers: before/after
         label = name if compiled else "batched-pt"
         if compiled:
             results[name], engines[name], reports[name] = total, eng, rep

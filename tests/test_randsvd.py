@@ -121,3 +121,25 @@ def test_short_wide_matrix_sketch_is_capped_by_its_rows() -> None:
     ref = torch.Generator().manual_seed(0)
     torch.randn(20, 3, generator=ref, dtype=torch.float64)
     assert torch.equal(torch.randn(4, generator=gen), torch.randn(4, generator=ref))
+
+
+def test_randomized_svd_equals_the_reference_svd_truncation() -> None:
+    """``L R^T`` is the reference code's rank-r truncation ``Q U_r S_r V_r^T`` of ``B = Q^T A``,
+    computed here with ``torch.linalg.svd`` from the same test matrix (float64; the code takes
+    ``U_r`` from ``eigh(B B^T)`` instead)."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(60, 70, generator=g, dtype=torch.float64) @ torch.diag(torch.linspace(3, 0.01, 70,
+                                                                                       dtype=torch.float64))
+    rank, seed = 9, 17
+    left, right = randomized_svd(a, rank, torch.Generator().manual_seed(seed))
+    q = rank + int(0.1 * rank)
+    omega = torch.randn(70, q, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    qmat, _ = torch.linalg.qr(a @ omega)
+    for _ in range(2):
+        z, _ = torch.linalg.qr(a.T @ qmat)
+        qmat, _ = torch.linalg.qr(a @ z)
+    u, s, vh = torch.linalg.svd(qmat.T @ a, full_matrices=False)
+    reference = qmat @ (u[:, :rank] * s[:rank]) @ vh[:rank]
+    torch.testing.assert_close(left @ right.T, reference, rtol=0, atol=1e-10)
+    assert left.shape == (60, rank) and right.shape == (70, rank)
+    torch.testing.assert_close(left.T @ left, torch.eye(rank, dtype=torch.float64), rtol=0, atol=1e-12)

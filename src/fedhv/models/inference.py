@@ -23,8 +23,8 @@ float32 round-off (bit for bit on the machine this was measured on; tested to ``
 :func:`inference_forward` returns the fast forward only where it applies: a
 :class:`~fedhv.models.lenet.LeNetMTL` or :class:`~fedhv.models.cifar_cnn.CifarCNN`
 whose ``forward`` is not overridden, float32 parameters and inputs on the CPU, and the
-compiled kernel (LeNet) or oneDNN available and enabled. Everything else (float64 runs, bf16 autocast wrappers, GPUs,
-other models) keeps ``model(x)``.
+compiled kernels (LeNet) or oneDNN available and enabled. Everything else (float64 runs,
+bf16 autocast wrappers, GPUs, other models) keeps ``model(x)``.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ from fedhv.models.lenet import Head, LeNetMTL
 #: 256-1024 were within 5 % of each other with 2 threads on this project's CPU, 128 and
 #: 2,500 slower (docs/performance-history.md, "Report pass and evaluation").
 CHUNK = 512
-#: Samples per pass of LeNet's own forward where its first layer is the compiled kernel
-#: (:mod:`fedhv.models.native`; then that forward is the fast one: 10,000 test samples in
-#: 62 ms against 64 / 63 ms at 512 / 2,048 and 72 ms for the oneDNN path, 2 threads).
+#: Samples per pass of LeNet's own forward where it runs the compiled kernels
+#: (:mod:`fedhv.models.native`; then that forward is the fast one). 10,000 MultiMNIST test
+#: samples, 2 threads, median of 8: 53.6 ms at 1,024 and 1,536, 60.7 ms at 512, 54.1 ms at
+#: 2,500; the oneDNN path below took 72 ms.
 NATIVE_CHUNK = 1024
 #: The same for the CIFAR CNN (first-layer output 64 x 32 x 32 floats a sample; 256 was
 #: the fastest of 32-256, 3.9x the plain forward's 2,500-sample batches).

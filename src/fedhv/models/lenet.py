@@ -7,7 +7,10 @@ dropout 0.5 (28,515 parameters). Head per task: linear 50->50 -> ReLU -> dropout
 -> linear 50->10 -> log-softmax (3,060 parameters).
 
 The biases of both convolutions are added after the pooling, in the module forward
-and in :func:`batched_forward` alike (:func:`~fedhv.models.functional.conv_pool_relu`).
+and in :func:`batched_forward` alike (:func:`~fedhv.models.functional.conv_pool_relu`). On
+the CPU (float32 / float64, no autocast) the first block is one compiled kernel and the
+second block's pooling another, which writes the flattened features per copy
+(:mod:`fedhv.models.native`); elsewhere PyTorch's layers compute the same function.
 
 Dropout never draws its own random numbers: the caller passes keep-masks
 (``{site: bool [B, features]}``) or ``None`` for evaluation, so that the batched and
