@@ -30,7 +30,7 @@ bf16 autocast wrappers, GPUs, other models) keeps ``model(x)``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,20 +58,14 @@ Forward = Callable[[torch.Tensor], list[torch.Tensor]]
 _STATE = {"enabled": True}
 
 
-@contextlib.contextmanager
-def plain_forward() -> Iterator[None]:
+def plain_forward() -> contextlib.AbstractContextManager[None]:
     """Within the block :func:`inference_forward` returns ``None``: every pass runs ``model(x)``.
 
     For benchmarks (``benchmarks/round_time.py`` times both paths in one process) and for
     FLOP counting (``torch.utils.flop_counter`` counts ``aten.convolution``, not oneDNN's
     ``mkldnn_convolution``).
     """
-    before = _STATE["enabled"]
-    _STATE["enabled"] = False
-    try:
-        yield
-    finally:
-        _STATE["enabled"] = before
+    return native.switched_off(_STATE)
 
 
 def _conv_pool_relu(h: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:

@@ -72,14 +72,19 @@ CALLS = {"forward": 0, "backward": 0, "pool_forward": 0, "pool_backward": 0}
 
 
 @contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Within the block every call takes the PyTorch path (benchmarks time both in one process)."""
-    before = _STATE["enabled"]
-    _STATE["enabled"] = False
+def switched_off(state: dict[str, object]) -> Iterator[None]:
+    """``state["enabled"] = False`` within the block, restored after it (also on errors)."""
+    before = state["enabled"]
+    state["enabled"] = False
     try:
         yield
     finally:
-        _STATE["enabled"] = before
+        state["enabled"] = before
+
+
+def disabled() -> contextlib.AbstractContextManager[None]:
+    """Within the block every call takes the PyTorch path (benchmarks time both in one process)."""
+    return switched_off(_STATE)
 
 
 def enabled() -> bool:
@@ -117,6 +122,13 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: 
     return available()
 
 
+def _codes_only_forward(ctx, codes: torch.Tensor | None) -> None:  # type: ignore[no-untyped-def]
+    """The window codes (a kernel's second output) take no gradient, and none is materialised."""
+    if codes is not None:
+        ctx.mark_non_differentiable(codes)
+    ctx.set_materialize_grads(False)
+
+
 def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(None if t is None else t.data_ptr())
 
@@ -148,10 +160,8 @@ class _Conv1PoolReLU(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def,override]
         x, weight, _bias, _record = inputs
-        _y, idx = output
-        if idx is not None:
-            ctx.mark_non_differentiable(idx)
-        ctx.set_materialize_grads(False)  # no zero gradient for the codes
+        idx = output[1]
+        _codes_only_forward(ctx, idx)
         ctx.k = weight.shape[0] // x.shape[1]
         ctx.save_for_backward(x, idx)
 
@@ -213,10 +223,8 @@ class _PoolBiasReLU(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def,override]
         h, _bias, groups, _record = inputs
-        _out, idx = output
-        if idx is not None:
-            ctx.mark_non_differentiable(idx)
-        ctx.set_materialize_grads(False)
+        idx = output[1]
+        _codes_only_forward(ctx, idx)
         ctx.shape, ctx.groups = tuple(h.shape), groups
         ctx.save_for_backward(idx)
 
