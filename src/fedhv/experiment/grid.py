@@ -47,7 +47,7 @@ from fedhv.config.flower import refuse_in_simulator
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.errors import ConfigError, FedHVError
-from fedhv.experiment.grid_worker import STOP_GRACE_S, guarded, init_worker, spawning_workers
+from fedhv.experiment.grid_worker import STOP_GRACE_S, JobCancelled, guarded, init_worker, spawning_workers
 from fedhv.results.rundir import write_json
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
@@ -387,7 +387,9 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     Existing runs are checked first (:func:`check_existing_runs`). Ctrl-C or ``SIGTERM``
     stops the grid: queued jobs are cancelled (never started), running runs write a
     checkpoint, and :class:`KeyboardInterrupt` (:class:`GridTerminated` for ``SIGTERM``)
-    is raised once the workers are gone.
+    is raised once the workers are gone. A job that a worker ended by a stop request
+    (``KeyboardInterrupt`` or :class:`JobCancelled`) stops the grid the same way, even before
+    this process has handled a Ctrl-C of its own.
 
     Raises
     ------
@@ -437,6 +439,11 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
 
     def job_finished(job: Job, fut: Future[Any]) -> None:
         exc = fut.exception()
+        if isinstance(exc, (KeyboardInterrupt, JobCancelled)):
+            # A worker stopped by a signal (a terminal's Ctrl-C reaches the whole process group):
+            # the grid is stopping, whether or not this process has handled its own signal yet
+            # (a process-directed signal may wait for the main thread's next bytecode).
+            raise KeyboardInterrupt(f"{job.run_dir}: {type(exc).__name__}")
         if exc is not None:
             report.failed[job.run_dir] = f"{type(exc).__name__}: {exc}"
             tqdm.write(f"failed: {job.run_dir}: {type(exc).__name__}: {exc}")
