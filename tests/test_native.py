@@ -179,7 +179,7 @@ def test_without_a_compiler_one_warning_and_the_pytorch_path(tmp_path: Path) -> 
             out = model(torch.randn(4, 1, 28, 28))
             out[0].sum().backward()
             model(torch.randn(4, 1, 28, 28))
-        texts = [str(w.message) for w in caught if "compiled LeNet" in str(w.message)]
+        texts = [str(w.message) for w in caught if "compiled kernels" in str(w.message)]
         print(len(texts), native.available(), native.CALLS["forward"], texts[0] if texts else "")
     """)
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), FEDHV_CACHE=str(tmp_path / "cache"))

@@ -83,8 +83,9 @@ def _build(cxx: list[str], sources: dict[str, bytes], target: Path) -> None:
             os.unlink(tmp)
 
 
-def library_path() -> Path | None:
-    """Where the compiled library for this machine lives (``None`` without a compiler)."""
+def library_path() -> tuple[Path, list[str], dict[str, bytes]] | None:
+    """Where the compiled library for this machine lives, with the compiler and the sources
+    that build it (``None`` without a working compiler)."""
     cxx = compiler()
     if cxx is None:
         return None
@@ -95,7 +96,7 @@ def library_path() -> Path | None:
         return None
     key = hashlib.sha256(b"\0".join([*sources.values(), " ".join(FLAGS).encode(), version.encode(),
                                      _cpu_flags().encode()])).hexdigest()[:20]
-    return cache_dir() / f"kernels-{key}.so"
+    return cache_dir() / f"kernels-{key}.so", cxx, sources
 
 
 def load_library() -> ctypes.CDLL | None:
@@ -107,20 +108,21 @@ def load_library() -> ctypes.CDLL | None:
             return _CACHE["lib"]
         lib = None
         try:
-            path = library_path()
-            if path is None:
+            found = library_path()
+            if found is None:
                 raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+            path, cxx, sources = found
             if not path.exists():
                 try:
-                    _build(compiler() or [], _sources(), path)
+                    _build(cxx, sources, path)
                 except OSError:  # a read-only cache: build for this process only
                     path = Path(tempfile.mkdtemp(prefix="fedhv-kernels-")) / path.name
-                    _build(compiler() or [], _sources(), path)
+                    _build(cxx, sources, path)
             lib = ctypes.CDLL(str(path))
             _declare(lib)
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-            warnings.warn(f"fedhv: the compiled LeNet first-layer kernel is unavailable ({err}); "
-                          "using the PyTorch path (slower, same results)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"fedhv: the compiled kernels are unavailable ({err}); "
+                          "using PyTorch's layers (slower, same results)", RuntimeWarning, stacklevel=3)
             lib = None
         _CACHE["lib"] = lib
         return lib
