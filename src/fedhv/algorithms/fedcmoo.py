@@ -36,7 +36,6 @@ is not implemented.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -48,7 +47,7 @@ from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain,
 from fedhv.models.params import TaskSlices
 from fedhv.rng import torch_generator
 from fedhv.weighting.randsvd import compress, compression_rank
-from fedhv.weighting.simplex import project_simplex
+from fedhv.weighting.simplex import project_simplex, project_simplex_floats
 
 
 @dataclass(frozen=True)
@@ -107,22 +106,13 @@ SMALL_M = 8
 def _find_weights_small(g: list[list[float]], w: list[float], lr: float, steps: int,
                         momentum: float) -> list[float]:
     """:func:`find_weights`' loop on Python floats: the same operations in the same order
-    (``g @ w`` row by row, then the sort-based simplex projection of
-    :func:`~fedhv.weighting.simplex.project_simplex`)."""
+    (``g @ w`` row by row, then :func:`~fedhv.weighting.simplex.project_simplex_floats`)."""
     m = len(w)
     buf = [0.0] * m
     for _ in range(steps):
         grad = [sum(row[j] * w[j] for j in range(m)) for row in g]
         buf = [momentum * b + d for b, d in zip(buf, grad)] if momentum else grad
-        v = [wi - lr * bi for wi, bi in zip(w, buf)]
-        if not all(math.isfinite(x) for x in v):
-            raise ValueError(f"cannot project non-finite values {v}")
-        total, tau = 0.0, 0.0
-        for j, u in enumerate(sorted(v, reverse=True), 1):
-            total += u
-            if u - (total - 1.0) / j > 0:
-                tau = (total - 1.0) / j
-        w = [max(x - tau, 0.0) for x in v]
+        w = project_simplex_floats([wi - lr * bi for wi, bi in zip(w, buf)])
     return w
 
 
