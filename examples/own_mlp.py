@@ -46,5 +46,5 @@ history = fedhv.simulate(
 )
 last = history.evaluations[-1]
 print(f"engine {history.engine}, reference {[round(r, 3) for r in history.reference]}")
-print(f"round {last['round']}: accuracy(sign) {last['acc'][0]:.1f} %, loss {[round(v, 3) for v in last['loss']]}")
+print(f"round {last['round']}: accuracy(sign) {last['task_acc'][0]:.1f} %, loss {[round(v, 3) for v in last['task_loss']]}")
 print(f"weights of the last round {[round(w, 3) for w in history.rounds[-1]['weights']]}")

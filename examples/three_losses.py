@@ -26,21 +26,18 @@ cut = n * 4 // 5
 
 
 
-# Per-sample loss and score of each task: f(output [..., size], target [..., width]) -> [...]
+# Per-sample loss and score of each task, in PyTorch's convention: f(output [N, size], target) -> [N];
+# target: int64 [N] class labels (classification), float [N, size] (multilabel, regression).
 def smoothed_ce(o: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    flat = F.cross_entropy(o.flatten(0, -2), y.long().flatten(), label_smoothing=0.1, reduction="none")
-    return flat.reshape(o.shape[:-1])
-
-
-def huber(o: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.smooth_l1_loss(o, y, reduction="none").mean(-1)
+    return F.cross_entropy(o, y, label_smoothing=0.1, reduction="none")
 
 
 tasks = [
-    fedhv.Task("digit", "classification", 3, loss=smoothed_ce, score=lambda o, y: (o.argmax(-1) == y[..., 0]).float()),
-    fedhv.Task("attrs", "multilabel", 4, loss=lambda o, y: F.binary_cross_entropy_with_logits(o, y, reduction="none")
-               .mean(-1), score=lambda o, y: ((o > 0).float() == y).float().mean(-1)),
-    fedhv.Task("coords", "regression", 2, loss=huber, score=lambda o, y: -(o - y).abs().mean(-1)),
+    fedhv.Task("digit", "classification", 3, loss=smoothed_ce, score=lambda o, y: (o.argmax(1) == y).float()),
+    fedhv.Task("attrs", "multilabel", 4, loss=nn.BCEWithLogitsLoss(),  # a module loss: used with reduction="none"
+               score=lambda o, y: ((o > 0).float() == y).float().mean(1)),
+    fedhv.Task("coords", "regression", 2, loss=nn.SmoothL1Loss(), score=lambda o, y: (o - y).abs().mean(1),
+               metric="mae", higher_is_better=False),
 ]
 
 
@@ -71,8 +68,9 @@ before = check(model)
 history = fedhv.simulate(model, data, fedhv.FedHV(lr_global=1.0, calibration_rounds=3 if small else 10),
                          rounds=rounds, clients_per_round=clients // 2, local_steps=10, batch_size=32, lr_local=0.3)
 last = history.evaluations[-1]
-print(f"fedhv round {last['round']}: score % {[round(a, 2) for a in last['acc']]}, "
-      f"loss {[round(v, 4) for v in last['loss']]}")
+print(f"fedhv round {last['round']}: scores {[round(a, 4) for a in last['task_score']]} "
+      f"({', '.join(m['metric'] for m in history.task_metrics)}), "
+      f"loss {[round(v, 4) for v in last['task_loss']]}")
 print(f"weights {[round(w, 4) for w in history.rounds[-1]['weights']]}")
 print(f"check before: {[round(v, 4) for v in before]}")
 print(f"check after: {[round(v, 4) for v in check(history.model)]}")

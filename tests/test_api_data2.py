@@ -175,7 +175,7 @@ def test_simulate_out_is_a_run_directory_that_fedhv_table_reads(tmp_path: Path) 
     assert rounds == json.loads(json.dumps(hist.rounds))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in metrics] == [2, 3]
-    assert [m["task_acc"] for m in metrics] == [e["acc"] for e in hist.evaluations]
+    assert [m["task_acc"] for m in metrics] == [e["task_acc"] for e in hist.evaluations]
     # tables report the last scheduled evaluation (paper B.5: round 2 of 3 with eval_every = 2);
     # --final-eval the extra one after the last round
     scheduled, last = hist.evaluations[0], hist.evaluations[-1]

@@ -86,10 +86,10 @@ def test_diverged_calibration_is_refused_before_the_run_directory_exists(tmp_pat
 
 
 @pytest.mark.parametrize(("reports", "says"), [
-    ([[2.30, 2.31], [3.1, 2.9], [1.5e9, 4.8e9]], "calibration round 3 (seed 0): the averaged report [1.5e+09, 4.8e+09] "
-                                                 "grew past 10x round 1's [2.3, 2.31]"),
-    ([[2.30, 2.31], [None, 2.9]], "calibration round 2 (seed 0): the averaged report [None, 2.9] is missing or "
-                                  "non-finite"),
+    ([[2.30, 2.31], [3.1, 2.9], [1.5e9, 4.8e9]], ("calibration round 3 (seed 0): the averaged report [1.5e+09, 4.8e+09] "
+                                                 "grew past 10x round 1's [2.3, 2.31]")),
+    ([[2.30, 2.31], [None, 2.9]], ("calibration round 2 (seed 0): the averaged report [None, 2.9] is missing or "
+                                  "non-finite")),
 ])
 def test_a_calibration_whose_reports_exploded_is_refused(reports: list[list[float | None]], says: str) -> None:
     """A stored calibration (resumed run, grid) is checked too. Today: the reference [1.5e9, ...] is used."""
@@ -124,8 +124,8 @@ def test_norm_bounds_unit() -> None:
         return ClientReply(0, None, torch.full((2, 4), grad), torch.full((1, 4), update))
 
     out = norm_outliers([reply(1), reply(2), reply(1e30)], ratio)
-    assert out == [None, None, "update norm 2e+30 exceeds validation.max_update_norm_ratio = 10 x the round's "
-                               "lower median 4"]
+    assert out == [None, None, ("update norm 2e+30 exceeds validation.max_update_norm_ratio = 10 x the round's "
+                               "lower median 4")]
     # the lower median keeps an honest norm while half the replies are inflated
     assert [p is not None for p in norm_outliers([reply(1), reply(1e30), reply(2), reply(1e29)], ratio)] == [
         False, True, False, True]

@@ -19,12 +19,35 @@ _API = {
     "reference_from_losses": "fedhv.weighting",
     "UserBenchmark": "fedhv.data.user", "register_benchmark": "fedhv.registry", "register_model": "fedhv.registry",
     "register_method": "fedhv.registry",
+    "FedHVError": "fedhv.errors", "ConfigError": "fedhv.errors", "DataError": "fedhv.errors",
+    "DatasetTooLarge": "fedhv.api.materialize", "RunDirError": "fedhv.results.rundir",
 }
 
 __all__ = [
-    "FSMGDA", "FSMGDAConfig", "FedCMOO", "FedCMOOConfig", "FedHV", "FederatedDataset", "HVBackward", "HVWeighting",
-    "History", "Task", "Uniform", "UserBenchmark", "__version__", "calibrate", "reference_from_losses",
-    "register_benchmark", "register_method", "register_model", "simulate",
+    "FSMGDA",
+    "ConfigError",
+    "DataError",
+    "DatasetTooLarge",
+    "FSMGDAConfig",
+    "FedCMOO",
+    "FedCMOOConfig",
+    "FedHV",
+    "FedHVError",
+    "FederatedDataset",
+    "HVBackward",
+    "HVWeighting",
+    "History",
+    "RunDirError",
+    "Task",
+    "Uniform",
+    "UserBenchmark",
+    "__version__",
+    "calibrate",
+    "reference_from_losses",
+    "register_benchmark",
+    "register_method",
+    "register_model",
+    "simulate",
 ]
 
 

@@ -2,13 +2,18 @@
 
 Partitions (``partition=``):
 
-- a sequence of index lists: client ``c`` holds ``x[partition[c]]``;
+- a sequence of index lists: client ``c`` holds ``x[partition[c]]`` (sizes may differ; an
+  empty list is an empty client, which exists but is never sampled);
 - ``"dirichlet"``: the built-in rule (:func:`fedhv.data.partition.dirichlet_partition`):
   every client draws label proportions ``p ~ Dir(alpha 1_K)`` over the ``K`` strata (by
   default the first classification task's labels) and gets ``floor(p_k S)`` samples of
   stratum ``k``, topped up to exactly ``S = samples_per_client``;
 - ``"ids"``: a natural id column ``ids [n]`` (writer, hospital, ...): one client per
   distinct id, in sorted id order.
+
+A client with fewer samples than the batch size takes every minibatch from a stream of
+its shuffled epochs, so a batch repeats samples (:func:`fedhv.sim.plan.epoch_batches`),
+on every engine and on Flower.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhv.api.checks import check_inputs, check_lengths, check_targets
 from fedhv.api.tasks import Task, TaskObjective, as_tasks
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition
@@ -61,12 +67,17 @@ def _tensor(v: TensorLike, what: str) -> torch.Tensor:
 def _targets(targets: TensorLike | Sequence[TensorLike], tasks: tuple[Task, ...], n: int, what: str) -> torch.Tensor:
     items: list[Any] = list(targets) if isinstance(targets, (list, tuple)) else [targets]
     parts = [_tensor(t, what) for t in items]
+    if len(parts) == len(tasks) and len(parts) > 1:
+        check_lengths(n, parts, tasks, what)
+    elif len(parts) == 1 and len(parts[0]) != n:
+        raise ConfigError(f"{what} has {len(parts[0])} rows for {n} inputs; give one target row per row of x")
     cols = [p.reshape(len(p), -1) for p in parts]
     y = torch.cat([c.double() for c in cols], 1) if len(cols) > 1 else cols[0].double()
     width = sum(t.width for t in tasks)
     if y.shape != (n, width):
         raise ConfigError(f"{what} has shape {tuple(y.shape)}; expected [{n}, {width}] (one column per class "
                           "label, per attribute or per regression target, in task order)")
+    check_targets(y, tasks, what)
     return y
 
 
@@ -90,9 +101,10 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
     else:
         rows = [torch.as_tensor(np.asarray(r, dtype=np.int64)) for r in spec]
     for c, r in enumerate(rows):
-        if len(r) == 0 or int(r.min()) < 0 or int(r.max()) >= n:
-            raise ConfigError(f"partition[{c}] is empty or has indices outside [0, {n}); give each client "
-                              "valid sample indices")
+        if len(r) and (int(r.min()) < 0 or int(r.max()) >= n):
+            raise ConfigError(f"partition[{c}] has indices outside [0, {n}); give each client valid sample indices")
+    if not any(len(r) for r in rows):
+        raise ConfigError("partition: every client is empty; give at least one client samples")
     if len({len(r) for r in rows}) == 1:
         return torch.stack(rows)
     return RaggedParts(rows)
@@ -117,6 +129,11 @@ class FederatedDataset:
     def num_clients(self) -> int:
         return int(self.parts.shape[0])
 
+    @property
+    def client_sizes(self) -> list[int]:
+        """Samples per client (``0`` for an empty client, which is never sampled)."""
+        return [len(self.parts[c]) for c in range(self.num_clients)]
+
     @classmethod
     def from_tensors(cls, x: TensorLike, targets: TensorLike | Sequence[TensorLike], tasks: Sequence[Task | str], *,
                      partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int = 10,
@@ -140,11 +157,13 @@ class FederatedDataset:
         """
         ts = as_tasks(tasks)
         xt = _tensor(x, "x")
+        check_inputs(xt, "x")
         y = _targets(targets, ts, len(xt), "targets")
         parts = _partition(partition, len(xt), y, ts, clients, samples_per_client, alpha, seed, strata, ids)
         test_t = None
         if test is not None:
             tx = _tensor(test[0], "test[0]")
+            check_inputs(tx, "test[0]")
             test_t = (tx, _targets(test[1], ts, len(tx), "test[1]"))
         return cls(ts, xt, y, parts, test_t)
 
@@ -191,9 +210,10 @@ class FederatedDataset:
 
     def provenance(self) -> dict[str, Any]:
         """What ``environment.json`` records about the data (``"data"``)."""
-        sizes = [len(self.parts[c]) for c in range(self.num_clients)]
+        sizes = self.client_sizes
         return {"source": "fedhv.FederatedDataset", "train_samples": len(self.x),
                 "test_samples": 0 if self.test is None else len(self.test[0]), "clients": self.num_clients,
+                "empty_clients": sum(1 for s in sizes if s == 0),
                 "samples_per_client": {"min": min(sizes), "max": max(sizes)},
                 "x_shape": list(self.x.shape[1:]), "x_dtype": str(self.x.dtype), **self.extra}
 

@@ -44,6 +44,7 @@ class FedHV:
     margin: float = 0.15
     calibration_seeds: tuple[int, ...] = (0,)
     name = "fedhv"
+    needs_heads = False  # whether the method splits encoder and task heads (``simulate(heads=)``)
 
     def build(self, reference: Sequence[float], slices: TaskSlices, seed: int) -> Algorithm:
         import numpy as np
@@ -57,6 +58,7 @@ class Uniform:
 
     lr_global: float = 1.0
     name = "uniform"
+    needs_heads = False
 
     def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
         return alg.Uniform(self.lr_global)
@@ -69,6 +71,7 @@ class FSMGDA:
     lr_global: float = 1.0
     config: FSMGDAConfig = field(default_factory=FSMGDAConfig)
     name = "fsmgda"
+    needs_heads = True
 
     def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
         return _min_norm(_FSMGDA, slices, self.lr_global, self.config)
@@ -81,6 +84,7 @@ class FedCMOO:
     lr_global: float = 1.0
     config: FedCMOOConfig = field(default_factory=FedCMOOConfig)
     name = "fedcmoo"
+    needs_heads = True
 
     def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
         return _min_norm(_FedCMOO, slices, self.lr_global, self.config, seed=seed)

@@ -33,9 +33,13 @@ from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.calibration import CalibrationResult
 from fedhv.experiment.environment import environment
 from fedhv.experiment.loop import RoundRecord
+from fedhv.metrics.summary import SUMMARY_EVAL_KEYS
 from fedhv.results.rundir import RunDir, write_atomic_with
 
 _START_FILES = ("calibration.json", "environment.json", "config.toml")
+#: ``config.toml``'s ``source`` of a ``simulate`` run: an unfinished one cannot be resumed by
+#: ``fedhv run --resume``, so ``overwrite=True`` may replace it (when no process holds it).
+_SOURCE = "fedhv.simulate"
 
 
 def _toml_safe(value: Any) -> Any:
@@ -74,7 +78,7 @@ class SimRunWriter:
     """
 
     def __init__(self, out: str | Path, overwrite: bool = False) -> None:
-        self.run = RunDir.create(out, overwrite=overwrite)
+        self.run = RunDir.create(out, overwrite=overwrite, replace_unfinished=_SOURCE)
         self.path = self.run.path
         self.totals = RunTotals()
         self.started = False
@@ -108,8 +112,14 @@ class SimRunWriter:
         return record
 
     def finish(self, config: dict[str, Any], tasks: list[str], model: nn.Module, reference: list[float] | None,
-               calibration: CalibrationResult | None, loop_seconds: float, total_seconds: float) -> None:
-        """Write ``model.pt`` (``{"state_dict", "round"}``, on the CPU) and ``summary.json``."""
+               calibration: CalibrationResult | None, loop_seconds: float, total_seconds: float,
+               task_metrics: list[dict[str, Any]] | None = None, hv_reference: list[float] | None = None,
+               stopped_early: bool = False) -> None:
+        """Write ``model.pt`` (``{"state_dict", "round"}``, on the CPU) and ``summary.json``.
+
+        ``state_dict`` is the user's module's own (``MyNet().load_state_dict(torch.load(path,
+        weights_only=True)["state_dict"])``), as ``fedhv run`` writes it.
+        """
         rounds = int(config["rounds"])
         buffer = io.BytesIO()
         torch.save({"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "round": rounds},
@@ -123,7 +133,8 @@ class SimRunWriter:
         summary: dict[str, Any] = {
             "setting": config["setting"], "method": config["method"], "seed": config["seed"], "rounds": rounds,
             "engine": config["engine"], "tasks": tasks, "final_eval_round": last.get("round"),
-            **{k: last.get(k) for k in ("mean_acc", "worst_acc", "mean_loss", "hv", "task_acc", "task_loss")},
+            **{k: last.get(k) for k in SUMMARY_EVAL_KEYS},
+            "task_metrics": task_metrics, "hv_reference": hv_reference,
             "wall_clock_s": loop_seconds, "seconds_per_round": loop_seconds / max(rounds, 1), **self.totals.cost(),
         }
         end_to_end = {"wall_clock_s": loop_seconds, "bytes_down": self.totals.bytes_down,
@@ -139,6 +150,8 @@ class SimRunWriter:
             end_to_end = {"wall_clock_s": loop_seconds + cal.seconds,
                           "bytes_down": self.totals.bytes_down + cal.bytes_down,
                           "bytes_up": self.totals.bytes_up + cal.bytes_up, "rounds": rounds + cal.rounds}
+        if stopped_early:
+            summary["stopped_early"] = True
         summary["end_to_end"] = end_to_end
         summary["wall_clock_total_s"] = total_seconds
         self.run.write_json("summary.json", summary)

@@ -118,6 +118,9 @@ class EvalConfig:
     final: bool = True
     batch_size: int = 2500
     splits: tuple[str, ...] = ("test",)
+    #: HV offsets ``r^eval`` of ``HV = prod_i max(r^eval_i - l_i, 0)``: one for every task or
+    #: one per task (paper C.1: 3 for every task).
+    hv_reference: float | tuple[float, ...] = 3.0
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,13 @@ class FederatedData:
     def num_clients(self) -> int:
         return int(self.parts.shape[0])
 
+    def sampleable(self) -> np.ndarray | None:
+        """Ids of the clients with samples when some client is empty, else ``None`` (all are)."""
+        if isinstance(self.parts, torch.Tensor):
+            return None if self.parts.shape[-1] > 0 else np.zeros(0, np.int64)
+        sizes = np.array([len(self.parts[c]) for c in range(self.num_clients)])
+        return None if bool((sizes > 0).all()) else np.flatnonzero(sizes > 0)
+
     @classmethod
     def from_benchmark(
         cls,

@@ -92,6 +92,9 @@ class Checkpoint:
     elapsed_s: float
     config_sha256: str
     rng: dict[str, Any] = field(default_factory=dict)
+    #: The global model buffers (BatchNorm statistics; :mod:`fedhv.sim.engine`), empty for
+    #: models without buffers.
+    buffers: list[torch.Tensor] = field(default_factory=list)
 
 
 def global_rng_state() -> dict[str, Any]:
@@ -253,6 +256,8 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> None:
         "config_sha256": str(ckpt.config_sha256),
         "rng": _rng_to_plain(ckpt.rng),
     }
+    if ckpt.buffers:
+        payload["buffers"] = [b.detach().cpu().clone() for b in ckpt.buffers]
     payload["digest"] = payload_digest(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -317,8 +322,15 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
         round=payload["round"], theta=payload["theta"], state=_state_from_plain(payload["state"], path),
         totals=payload["totals"], last_eval=payload["last_eval"], offsets=payload["offsets"],
         elapsed_s=payload["elapsed_s"], config_sha256=payload["config_sha256"],
-        rng=_rng_from_plain(payload["rng"], path),
+        rng=_rng_from_plain(payload["rng"], path), buffers=_buffers(payload.get("buffers", []), path),
     )
+
+
+def _buffers(value: Any, path: Path) -> list[torch.Tensor]:
+    """The checkpoint's model buffers: a list of tensors (absent for models without buffers)."""
+    if not isinstance(value, list) or not all(isinstance(b, torch.Tensor) for b in value):
+        raise ResumeError(f"{path}: buffers is not a list of tensors; {_DELETE}")
+    return value
 
 
 def _check_fields(p: dict[str, Any], path: Path) -> None:

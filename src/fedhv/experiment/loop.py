@@ -134,8 +134,12 @@ def run_rounds(
     lost = 0  # rounds lost to the clients' own non-finite training output since the last valid reply
     if state is None:
         state = algorithm.init_state(data.num_tasks)
+    pool = data.sampleable()  # None: every client has samples (the paper's settings)
     for t in range(start_round, start_round + rounds):
-        clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
+        if pool is None:
+            clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
+        else:  # empty clients are never sampled: M of the non-empty ones
+            clients = pool[sample_clients(seed, stream, t, len(pool), clients_per_round)]
         if federation_factory is None:
             federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio)
         else:

@@ -21,6 +21,7 @@ from fedhv.config.flower import refuse_in_simulator
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
+from fedhv.errors import ConfigError
 from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.calibration import CalibrationResult, load_calibration
 from fedhv.experiment.checkpoint import (
@@ -40,8 +41,11 @@ from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
 from fedhv.experiment.signals import Terminated, signals_deferred, sigterm_as_interrupt  # noqa: F401 - re-exported
-from fedhv.metrics import aggregate_metrics, evaluate_tasks
+from fedhv.metrics import evaluate_record
+from fedhv.metrics.evaluate import describe_metrics
+from fedhv.metrics.summary import SUMMARY_EVAL_KEYS, hv_reference, list_or_float
 from fedhv.models import MultiTaskModel, get_flat, set_flat
+from fedhv.models.params import copy_buffers
 from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir, write_atomic_with
 from fedhv.sim.faults import FaultInjector
 from fedhv.sim.precision import amp_module
@@ -103,9 +107,8 @@ def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, dat
     set_flat(evaluator, theta)
     entry: dict[str, Any] = {}
     for split in cfg.eval.splits:
-        acc, loss = evaluate_tasks(amp_module(evaluator, cfg.precision), *data.eval_sets[split],
-                                   cfg.eval.batch_size, data.objective)
-        values = {**aggregate_metrics(acc, loss), "task_acc": acc, "task_loss": loss}
+        values = evaluate_record(amp_module(evaluator, cfg.precision), *data.eval_sets[split],
+                                 cfg.eval.batch_size, data.objective, list_or_float(cfg.eval.hv_reference))
         if split == "test":
             entry.update(values)
         else:
@@ -321,6 +324,10 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         model = new_model(cfg, data, cfg.seed)
         evaluator = new_model(cfg, data, cfg.seed).eval()
         engine = make_engine(cfg, model, data, cfg.seed, stream="train")
+        if federation_factory is not None and engine.buffers:
+            raise ConfigError(f"the model has buffers ({', '.join(engine.buffer_names[:3])}, ...): the Flower back-end "
+                              "federates parameters only; run it in the simulator (which federates buffers) or use "
+                              "a buffer-free normalisation (GroupNorm, LayerNorm)")
         chunking = {} if federation_factory is not None else {"engine_chunk": chunk_record(cfg, engine)}
         if resumed is None:  # (a federation's clients train elsewhere: nothing to record)
             if chunking:
@@ -340,6 +347,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             state, totals, last_eval = ckpt.state, RunTotals(**ckpt.totals), dict(ckpt.last_eval)
             done, elapsed = ckpt.round, ckpt.elapsed_s
             restore_global_rng(ckpt.rng)
+            restore_buffers(engine, ckpt.buffers, run.path)
         bar = tqdm(total=cfg.rounds, initial=done, desc=f"{cfg.setting} {cfg.method} s{cfg.seed}",
                    disable=not progress, dynamic_ncols=True, mininterval=1.0)
         loop_start = time.perf_counter() - elapsed
@@ -349,7 +357,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         def checkpoint(round_done: int, theta_now: torch.Tensor, state_now: Any, offsets: dict[str, int]) -> None:
             save_checkpoint(run.path, Checkpoint(
                 round_done, theta_now, state_now, dataclasses.asdict(totals), dict(last_eval), offsets,
-                time.perf_counter() - loop_start, sha, global_rng_state(),
+                time.perf_counter() - loop_start, sha, global_rng_state(), latest.get("buffers") or [],
             ))
             saved["round"] = round_done
 
@@ -364,19 +372,23 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             record = rec.as_dict()
             record["wall_clock_s"] = time.perf_counter() - loop_start
             if eval_due(rec.round, cfg):
+                copy_buffers(evaluator, engine.model)
                 entry = _evaluation(cfg, evaluator, theta_new, data, rec, totals, loop_start)
                 record["time_eval_s"] = entry["time_eval_s"]
                 run.metrics.append(entry)
                 last_eval.clear()
                 last_eval.update(entry)
-                if "task_acc" in entry:
+                if "task_score" in entry:
+                    mean = entry.get("mean_acc")
                     bar.set_postfix_str(
-                        f"acc {_fmt(entry['task_acc'], 2)} mean {entry['mean_acc']:.2f} "
-                        f"w {_fmt(rec.log.get('weights') or [], 3)}", refresh=False
+                        f"score {_fmt(entry['task_score'], 2)}" + ("" if mean is None else f" mean {mean:.2f}")
+                        + f" w {_fmt(rec.log.get('weights') or [], 3)}", refresh=False
                     )
             run.rounds.append(record)
             offsets = {name: (run.path / name).stat().st_size for name in ("rounds.jsonl", "metrics.jsonl")}
             latest.update(round=rec.round, theta=theta_new, state=state_new, offsets=offsets)
+            if engine.buffers:
+                latest["buffers"] = engine.buffer_snapshot()
             if checkpoint_due(rec.round, cfg):
                 checkpoint(rec.round, theta_new, state_new, offsets)
 
@@ -401,17 +413,28 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         bar.close()
         loop_seconds = time.perf_counter() - loop_start
         set_flat(evaluator, theta)
+        copy_buffers(evaluator, engine.model)
         buffer = io.BytesIO()
-        cpu_state = {k: v.detach().cpu() for k, v in evaluator.state_dict().items()}  # loadable without a GPU
+        cpu_state = {k: v.detach().cpu() for k, v in evaluator.user_state_dict().items()}  # loadable without a GPU
         torch.save({"state_dict": cpu_state, "round": cfg.rounds}, buffer)
         write_atomic_with(run.path / "model.pt", lambda fh: _write_bytes(fh, buffer.getvalue()))
-        summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start)
+        summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start,
+                            describe_metrics(data.task_names, data.objective))
         run.write_json("summary.json", summary)
         # The run is complete: model.pt and summary.json replace the checkpoint.
         (run.path / CHECKPOINT_FILE).unlink(missing_ok=True)
         return summary
     finally:
         run.close()
+
+
+def restore_buffers(engine: Any, buffers: list[torch.Tensor], path: Path) -> None:
+    """Load a checkpoint's global buffers into the engine (refused when they do not fit the model)."""
+    shapes = [tuple(b.shape) for b in engine.buffers]
+    if [tuple(b.shape) for b in buffers] != shapes:
+        raise ResumeError(f"{path}: the checkpoint holds {len(buffers)} model buffers that do not fit the model's "
+                          f"{len(shapes)}; delete checkpoint.pt to restart the run from round 0")
+    engine.load_buffers([b.to(device=dst.device, dtype=dst.dtype) for b, dst in zip(buffers, engine.buffers)])
 
 
 def _evaluation(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, data: FederatedData,
@@ -438,8 +461,12 @@ def _evaluation(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, 
 
 
 def summarize(cfg: RunConfig, setup: MethodSetup, task_names: tuple[str, ...], last_eval: dict[str, Any],
-              totals: RunTotals, loop_seconds: float, total_seconds: float) -> dict[str, Any]:
+              totals: RunTotals, loop_seconds: float, total_seconds: float,
+              task_metrics: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``summary.json``: final evaluation, cost and, for FedHV, reference diagnostics.
+
+    ``task_metrics`` names each task's score (metric, direction, whether it enters MeanAcc);
+    ``hv_reference`` records the HV offsets used.
 
     ``end_to_end`` adds the calibration cost to the adaptive rounds (paper Appendix D).
     """
@@ -451,7 +478,9 @@ def summarize(cfg: RunConfig, setup: MethodSetup, task_names: tuple[str, ...], l
         "engine": cfg.engine,
         "tasks": list(task_names),
         "final_eval_round": last_eval.get("round"),
-        **{k: last_eval.get(k) for k in ("mean_acc", "worst_acc", "mean_loss", "hv", "task_acc", "task_loss")},
+        **{k: last_eval.get(k) for k in SUMMARY_EVAL_KEYS},
+        "task_metrics": task_metrics,
+        "hv_reference": hv_reference(cfg.eval.hv_reference, len(task_names)),
         "wall_clock_s": loop_seconds,
         "seconds_per_round": loop_seconds / cfg.rounds,
         **totals.cost(),

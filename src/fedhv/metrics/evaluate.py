@@ -54,11 +54,24 @@ def per_sample_losses(
     return torch.cat(losses), torch.cat(correct)
 
 
-def evaluate_tasks(
+def task_metric_list(objective: Objective, m: int) -> list:  # list[TaskMetric]
+    """Each task's :class:`~fedhv.api.tasks.TaskMetric` (the built-in objectives: accuracies)."""
+    from fedhv.api.tasks import ACCURACY
+
+    return list(getattr(objective, "metrics", None) or [ACCURACY] * m)
+
+
+def describe_metrics(task_names: tuple[str, ...] | list[str], objective: Objective) -> list[dict]:
+    """``summary.json``'s ``task_metrics``: per task its name, metric, direction and MeanAcc membership."""
+    metrics = task_metric_list(objective, len(task_names))
+    return [{"task": name, **mt.as_dict()} for name, mt in zip(task_names, metrics)]
+
+
+def evaluate_means(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096,
     objective: Objective = CLASSIFICATION,
 ) -> tuple[list[float], list[float]]:
-    """Per-task accuracy (%) and mean loss over a whole evaluation set.
+    """Mean per-sample score and loss of each task over a whole evaluation set (eval mode).
 
     Runs on the device of ``model`` and ``x``; the returned Python floats are copied
     from the device, so the call returns only after the device finished (a clock read
@@ -66,8 +79,29 @@ def evaluate_tasks(
     """
     was_training = model.training
     model.eval()
-    losses, correct = per_sample_losses(model, x, y, batch_size, objective)
-    model.train(was_training)
-    acc = (correct.double().mean(0) * 100.0).tolist()
-    loss = losses.double().mean(0).tolist()
-    return acc, loss
+    try:
+        losses, scores = per_sample_losses(model, x, y, batch_size, objective)
+    finally:
+        model.train(was_training)
+    return scores.double().mean(0).tolist(), losses.double().mean(0).tolist()
+
+
+def evaluate_tasks(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096,
+    objective: Objective = CLASSIFICATION,
+) -> tuple[list[float], list[float]]:
+    """Per-task score in its metric's units (accuracy in %) and mean loss over a whole set."""
+    scores, loss = evaluate_means(model, x, y, batch_size, objective)
+    metrics = task_metric_list(objective, len(loss))
+    return [s * mt.scale for s, mt in zip(scores, metrics)], loss
+
+
+def evaluate_record(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, objective: Objective,
+    eval_reference: float | list[float],
+) -> dict:
+    """An evaluation's record fields (:func:`fedhv.metrics.summary.task_metrics`) for one split."""
+    from fedhv.metrics.summary import task_metrics
+
+    scores, loss = evaluate_means(model, x, y, batch_size, objective)
+    return task_metrics(scores, loss, task_metric_list(objective, len(loss)), eval_reference)

@@ -25,3 +25,7 @@ class MultiTaskModel(nn.Module):
 
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def user_state_dict(self) -> dict[str, torch.Tensor]:
+        """What ``model.pt`` stores: the ``state_dict`` of the model the user builds (here: this one)."""
+        return self.state_dict()

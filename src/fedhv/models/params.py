@@ -67,6 +67,13 @@ def set_flat(module: nn.Module, flat: torch.Tensor) -> None:
 
 
 @torch.no_grad()
+def copy_buffers(dst: nn.Module, src: nn.Module) -> None:
+    """Copy ``src``'s buffers into ``dst``'s (same architecture; ``named_buffers`` order)."""
+    for b, v in zip(dst.buffers(), src.buffers()):
+        b.copy_(v)
+
+
+@torch.no_grad()
 def default_init(module: nn.Module, generator: torch.Generator) -> None:
     """PyTorch's default ``Linear`` / ``Conv2d`` initialisation, from ``generator``.
 

@@ -306,7 +306,7 @@ class RunDir:
     # -- construction -------------------------------------------------------------------
 
     @classmethod
-    def create(cls, out: str | Path, overwrite: bool = False) -> RunDir:
+    def create(cls, out: str | Path, overwrite: bool = False, replace_unfinished: str | None = None) -> RunDir:
         """Make (if needed), lock and claim the directory ``out`` for a new run.
 
         Raises
@@ -314,7 +314,9 @@ class RunDir:
         RunDirError
             ``out`` is empty, a file, or cannot be created; it already holds a run
             (any of :data:`RUN_FILES`) and ``overwrite`` is false; or ``overwrite`` is
-            true but the run there is unfinished (no ``summary.json``).
+            true but the run there is unfinished (no ``summary.json``), unless its
+            ``config.toml`` says ``source = replace_unfinished`` (a ``fedhv.simulate`` run,
+            which nothing can resume; the lock proves no process still writes it).
         RunDirBusy
             Another process holds the directory.
         """
@@ -326,7 +328,7 @@ class RunDir:
             raise RunDirError(f"--out {path} is a file, not a directory; give a new directory for the run")
         run = cls(path, created=tuple(_mkdirs(path)))
         try:
-            run._claim(overwrite)
+            run._claim(overwrite, replace_unfinished)
         except BaseException:
             run.abandon()
             raise
@@ -351,20 +353,37 @@ class RunDir:
             return cls(candidate, created=(*created, candidate))
         raise RunDirError(f"no free run directory name under {first.parent}; give --out")  # pragma: no cover
 
-    def _claim(self, overwrite: bool) -> None:
+    def _source(self) -> str | None:
+        """``config.toml``'s ``source`` (``None`` when unreadable or absent)."""
+        import tomllib
+
+        cfg = self.path / "config.toml"
+        try:
+            if cfg.is_symlink():
+                return None
+            value = tomllib.loads(cfg.read_text()).get("source")
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, str) else None
+
+    def _claim(self, overwrite: bool, replace_unfinished: str | None = None) -> None:
         present = [n for n in RUN_FILES if (self.path / n).exists() or (self.path / n).is_symlink()]
         if not present:
             return
         finished = "summary.json" in present
         where = self.path
+        python_run = replace_unfinished is not None and self._source() == replace_unfinished
         if not overwrite:
             files = ", ".join(sorted(present))
             if finished:
                 raise RunDirError(f"--out {where} already holds a finished run ({files}); choose a new directory, "
                                   "or pass --overwrite to replace it")
+            if python_run:
+                raise RunDirError(f"out={str(where)!r} holds an unfinished fedhv.simulate run ({files}); pass "
+                                  "overwrite=True to replace it or choose a new directory")
             raise RunDirError(f"--out {where} already holds an unfinished run ({files}); continue it with "
                               f"`fedhv run --resume {where}` or choose a new directory")
-        if not finished:
+        if not finished and not python_run:
             raise RunDirError(
                 f"--overwrite: {where} holds an unfinished run (no summary.json); --overwrite replaces only "
                 f"finished runs: continue it with `fedhv run --resume {where}` or delete it yourself"

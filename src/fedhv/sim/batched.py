@@ -52,8 +52,8 @@ class BatchedEngine(Engine):
         if fused is not None:
             return fused
 
-        def single(params: dict, x: torch.Tensor, masks: dict) -> list[torch.Tensor]:
-            return functional_call(self.model, params, (x, masks))
+        def single(params: dict, x: torch.Tensor, masks: dict, buffers: dict | None = None) -> list[torch.Tensor]:
+            return functional_call(self.model, {**params, **(buffers or {})}, (x, masks))
 
         return vmap(single)
 
@@ -82,8 +82,20 @@ class BatchedEngine(Engine):
         w = self.as_tensor(np.tile(np.asarray(weights), (len(clients), 1)))
         return stack_plans(plans), w
 
-    def _losses(self, params: torch.Tensor, plan: ClientPlan, step: int, w: torch.Tensor) -> torch.Tensor:
-        """Sum over copies of the weighted task losses on each copy's step-``step`` batch."""
+    def _copy_buffers(self, n: int) -> dict[str, torch.Tensor] | None:
+        """``n`` private copies ``[n, ...]`` of the global buffers (None for a model without buffers)."""
+        if not self.buffers:
+            return None
+        return {name: b.detach().unsqueeze(0).expand(n, *b.shape).clone()
+                for name, b in zip(self.buffer_names, self.buffers)}
+
+    def _losses(self, params: torch.Tensor, plan: ClientPlan, step: int, w: torch.Tensor,
+                buffers: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Sum over copies of the weighted task losses on each copy's step-``step`` batch.
+
+        ``buffers``: the copies' own buffers ``[n, ...]``, updated in place by train-mode
+        layers (BatchNorm) through ``vmap``.
+        """
         n, b = plan.batches.shape[0], self.batch_size
         idx = plan.batches[:, step].reshape(-1)
         x = self.data.train_x[idx]
@@ -95,11 +107,12 @@ class BatchedEngine(Engine):
             x = torch.where(plan.flips[:, step].view(n, 1, 1, 1, 1), x.flip(-1), x)
         y = self.data.train_y[idx].view(n, b, -1)
         masks = {site: m[:, step] for site, m in plan.masks.items()}
+        extra = () if buffers is None else (buffers,)
         if self.precision == "fp32":
-            logps = self._forward(self.layout.views(params), x, masks)
+            logps = self._forward(self.layout.views(params), x, masks, *extra)
         else:
             with autocast(self.precision, self.device):
-                logps = self._forward(self.layout.views(params), x, masks)
+                logps = self._forward(self.layout.views(params), x, masks, *extra)
             logps = to_dtype(logps, self.dtype)
         return (self.data.objective.batch_losses(logps, y) * w).sum()
 
@@ -112,7 +125,8 @@ class BatchedEngine(Engine):
         out = []
         for part in self._chunks(len(w)):
             params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
-            (grad,) = torch.autograd.grad(self._losses(params, plan.select(part), 0, w[part]), params)
+            bufs = self._copy_buffers(part.stop - part.start)  # discarded: gradients leave the buffers alone
+            (grad,) = torch.autograd.grad(self._losses(params, plan.select(part), 0, w[part], bufs), params)
             out.append(grad)
         return torch.cat(out).view(len(clients), len(weights), -1)
 
@@ -127,19 +141,25 @@ class BatchedEngine(Engine):
         plan, w = self._copies(clients, weights, round_idx, self.local_steps, "train")
         first = None if first_step is None else first_step.reshape(len(w), -1)
         out = []
+        finals: list[dict[str, torch.Tensor]] = []
         for part in self._chunks(len(w)):
             rows = plan.select(part)
             params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
+            bufs = self._copy_buffers(part.stop - part.start)
             buf: torch.Tensor | None = None
             for s in range(self.local_steps):
                 if s == 0 and first is not None:
                     grad = first[part].clone()
                 else:
-                    (grad,) = torch.autograd.grad(self._losses(params, rows, s, w[part]), params)
+                    (grad,) = torch.autograd.grad(self._losses(params, rows, s, w[part], bufs), params)
                 with torch.no_grad():
                     if self.momentum:
                         buf = grad if buf is None else buf.mul_(self.momentum).add_(grad)
                         grad = buf
                     params.sub_(grad, alpha=self.lr_local)
             out.append(params.detach() - theta)
+            if bufs is not None:
+                finals.append(bufs)
+        if finals:
+            self.merge_buffers([torch.cat([f[name] for f in finals]) for name in self.buffer_names])
         return torch.cat(out).view(len(clients), len(weights), -1)

@@ -17,6 +17,15 @@ plans (drawn on the CPU, :mod:`fedhv.sim.plan`) and the task weights
 (:meth:`Engine.as_tensor`) are on that device, and so are the returned tensors.
 ``theta`` must be on it too.
 
+Buffers (BatchNorm running statistics and the like) are federated as FedAvg federates a
+model's ``state_dict``: every trained copy starts a round from the global buffers (the
+working model's), updates them in its own forward passes (train mode), and after
+:meth:`Engine.train` the global buffers become the mean over the copies whose buffers
+are finite (integer buffers such as ``num_batches_tracked``: the rounded mean). They are
+not scaled by ``eta_g`` (they are statistics, not a descent direction). Gradient passes
+(:meth:`Engine.gradients`) and reports (eval mode) leave them unchanged. Models without
+buffers (every built-in one) skip all of this.
+
 Precision: with ``precision = "bf16"`` every forward pass (local training, gradients,
 reports) runs under ``torch.autocast`` to bfloat16 and its outputs are cast back to the
 engine's dtype before the losses (:mod:`fedhv.sim.precision`); gradients and updates
@@ -98,6 +107,34 @@ class Engine:
         if precision != "fp32" and self.dtype != torch.float32:
             raise ValueError(f"precision = {precision!r} needs a float32 model, not {self.dtype}")
         autocast(precision, self.device)  # rejects an unknown precision here, not in the first round
+        self.buffers = [b for _, b in model.named_buffers()]
+        self.buffer_names = [n for n, _ in model.named_buffers()]
+
+    def buffer_snapshot(self) -> list[torch.Tensor]:
+        """Copies of the global buffers."""
+        return [b.detach().clone() for b in self.buffers]
+
+    @torch.no_grad()
+    def load_buffers(self, values: list[torch.Tensor]) -> None:
+        """Overwrite the global buffers (in place, so every view of the model sees them)."""
+        for b, v in zip(self.buffers, values):
+            b.copy_(v)
+
+    @torch.no_grad()
+    def merge_buffers(self, stacked: list[torch.Tensor]) -> None:
+        """Global buffers <- mean over copies (``stacked[j] [n, ...]``) whose float buffers are finite."""
+        if not self.buffers:
+            return
+        n = stacked[0].shape[0]
+        ok = torch.ones(n, dtype=torch.bool, device=stacked[0].device)
+        for s in stacked:
+            if s.is_floating_point():
+                ok &= torch.isfinite(s.reshape(n, -1)).all(1)
+        if not bool(ok.any()):
+            return
+        for b, s in zip(self.buffers, stacked):
+            mean = s[ok].double().mean(0)
+            b.copy_(mean if b.is_floating_point() else mean.round())
 
     def plan(self, client: int, round_idx: int, steps: int, tag: str, copy: int) -> ClientPlan:
         """The random choices of one trajectory (or gradient) of ``client``."""
@@ -172,6 +209,7 @@ class SequentialEngine(Engine):
     def gradients(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int) -> torch.Tensor:
         w = self.as_tensor(weights)
         self.model.train()
+        start = self.buffer_snapshot()
         out = []
         for client in clients:
             rows = []
@@ -180,6 +218,7 @@ class SequentialEngine(Engine):
                 plan = self.plan(int(client), round_idx, 1, "grads", t)
                 grads = torch.autograd.grad(self._loss(plan, 0, w[t]), list(self.model.parameters()))
                 rows.append(torch.cat([g.reshape(-1) for g in grads]))
+                self.load_buffers(start)
             out.append(torch.stack(rows))
         return torch.stack(out)
 
@@ -193,11 +232,14 @@ class SequentialEngine(Engine):
     ) -> torch.Tensor:
         w = self.as_tensor(weights)
         self.model.train()
+        start = self.buffer_snapshot()
+        finals: list[list[torch.Tensor]] = []
         out = []
         for row, client in enumerate(clients):
             deltas = []
             for t in range(len(w)):
                 set_flat(self.model, theta)
+                self.load_buffers(start)
                 plan = self.plan(int(client), round_idx, self.local_steps, "train", t)
                 opt = torch.optim.SGD(self.model.parameters(), lr=self.lr_local, momentum=self.momentum)
                 for s in range(self.local_steps):
@@ -209,5 +251,8 @@ class SequentialEngine(Engine):
                         self._loss(plan, s, w[t]).backward()
                     opt.step()
                 deltas.append(get_flat(self.model) - theta)
+                finals.append(self.buffer_snapshot())
             out.append(torch.stack(deltas))
+        if self.buffers:
+            self.merge_buffers([torch.stack(col) for col in zip(*finals)])
         return torch.stack(out)

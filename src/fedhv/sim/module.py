@@ -12,9 +12,11 @@
   x [n, B, ...], masks [n, B, F])``.
 
 :func:`vmap_problem` tries one batched forward and backward; modules vmap cannot run
-(e.g. BatchNorm in train mode, which updates its running statistics in place) are
-then run by the sequential engine. Only parameters are federated; buffers stay local
-to the working copy.
+are then run by the sequential engine. Buffers (BatchNorm's running statistics) are
+batched like the parameters: each copy gets its own ``[n, ...]`` slice, which
+train-mode BatchNorm updates in place through ``vmap`` (its batch statistics are each
+copy's own batch), so BatchNorm models run on the batched engine. How the engines
+federate buffers: :mod:`fedhv.sim.engine`.
 """
 
 from __future__ import annotations
@@ -83,12 +85,19 @@ class ModuleAdapter(MultiTaskModel):
         hooks = [m.register_forward_hook(lambda mod, inp, out, n=n: shapes.__setitem__(n, tuple(inp[0].shape[1:])))
                  for n, m in drops]
         was = self.module.training
-        with torch.no_grad():
-            self.module.eval()
-            self._outputs(self.module(example[:2]))
-        self.module.train(was)
-        for h in hooks:
-            h.remove()
+        try:
+            with torch.no_grad():
+                self.module.eval()
+                out = self.module(example[:2])
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's forward, reported in one line
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"the model fails on 2 rows of x (shape {list(example[:2].shape)}, {example.dtype}): "
+                              f"{type(exc).__name__}: {first}; make forward(x) accept a batch of x") from None
+        finally:
+            self.module.train(was)
+            for h in hooks:
+                h.remove()
+        self._outputs(out)
         self._sites = {n: math.prod(shapes[n]) for n, _ in drops}
         for name, _ in drops:
             parent, _, leaf = name.rpartition(".")
@@ -97,6 +106,10 @@ class ModuleAdapter(MultiTaskModel):
 
     def dropout_sites(self) -> dict[str, int]:
         return dict(self._sites)
+
+    def user_state_dict(self) -> dict[str, torch.Tensor]:
+        """The user's module's ``state_dict`` (its own key names: no ``module.`` prefix)."""
+        return self.module.state_dict()
 
     def _outputs(self, out: Any) -> list[torch.Tensor]:
         m = len(self.task_names)
@@ -118,9 +131,21 @@ class ModuleAdapter(MultiTaskModel):
         finally:
             self._box.masks = None
 
-    def forward_batched(self, params: dict[str, torch.Tensor], x: torch.Tensor,
-                        masks: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Outputs ``[n, B, ...]`` of ``n`` parameter copies on their own batches."""
+    def forward_batched(self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: dict[str, torch.Tensor],
+                        buffers: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Outputs ``[n, B, ...]`` of ``n`` parameter copies on their own batches.
+
+        ``buffers``: the copies' own buffers ``[n, ...]`` (by ``named_buffers`` name), updated
+        in place by train-mode layers; without them the module's own buffers are used
+        (read-only layers only).
+        """
+        if buffers:
+            def with_buffers(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xb: torch.Tensor,
+                             mb: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+                return functional_call(self, {**p, **b}, (xb, mb))
+
+            return vmap(with_buffers, randomness="different")(params, buffers, x, masks)
+
         def single(p: dict[str, torch.Tensor], xb: torch.Tensor, mb: dict[str, torch.Tensor]) -> list[torch.Tensor]:
             return functional_call(self, p, (xb, mb))
 
@@ -134,9 +159,10 @@ def vmap_problem(model: ModuleAdapter, example: torch.Tensor) -> str | None:
     x = example[:2].unsqueeze(0).expand(2, *example[:2].shape)
     masks = {s: torch.ones(2, x.shape[1], f, dtype=torch.bool, device=example.device) for s, f in model.dropout_sites().items()}
     saved = {n: b.clone() for n, b in model.named_buffers()}
+    buffers = {n: b.detach().unsqueeze(0).expand(2, *b.shape).clone() for n, b in model.named_buffers()}
     try:
         model.train()
-        outs = model.forward_batched(params, x, masks)
+        outs = model.forward_batched(params, x, masks, buffers or None)
         torch.autograd.grad(torch.stack([o.float().sum() for o in outs]).sum(), list(params.values()), allow_unused=True)
     except Exception as exc:  # noqa: BLE001 - any failure means: use the sequential engine
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -8,7 +8,13 @@ plans, so the batched and the sequential engine see identical randomness.
 Minibatches follow a shuffling loader with ``drop_last``: the client's local
 indices are permuted, cut into ``floor(S / B)`` batches, and re-permuted when the
 epoch is exhausted (reference code: ``DataLoader(shuffle=True, drop_last=True)``
-restarted when exhausted). A fresh epoch starts every round.
+restarted when exhausted). A fresh epoch starts every round. A client with fewer
+samples than a batch (``0 < S < B``, natural partitions) has no full batch: its
+minibatches are consecutive runs of ``B`` indices from a stream of shuffled epochs
+(permutations of its ``S`` samples, concatenated), so a batch repeats samples, over a
+round's ``K B`` draws each sample is drawn ``floor(K B / S)`` or ``ceil(K B / S)`` times,
+and all batches keep the shape ``B`` the engines need. fedhv's own rule (the reference code's loader would raise on such a
+client); clients with ``S >= B`` are unaffected.
 
 Devices: every draw is made on the CPU from a CPU ``torch.Generator``, so a CPU run
 and a GPU run of the same seed sample the same batches, angles, flips and masks; the
@@ -81,8 +87,13 @@ def epoch_batches(local: torch.Tensor, steps: int, batch: int, g: torch.Generato
     device: the result is on ``local``'s device with device-independent values.
     """
     per_epoch = len(local) // batch
-    if per_epoch < 1:
-        raise ValueError(f"batch size {batch} exceeds the {len(local)} local samples")
+    if len(local) == 0:
+        raise ValueError("an empty client has no minibatches (empty clients are never sampled)")
+    if per_epoch < 1:  # S < B: B-runs of a stream of shuffled epochs (module docstring)
+        need = steps * batch
+        count = -(-need // len(local))
+        stream = torch.cat([torch.randperm(len(local), generator=g) for _ in range(count)])[:need]
+        return local[stream.to(local.device)].view(steps, batch)
     epochs = -(-steps // per_epoch)
     perms = torch.cat([torch.randperm(len(local), generator=g)[: per_epoch * batch] for _ in range(epochs)])
     return local[perms.to(local.device)].view(epochs * per_epoch, batch)[:steps]

@@ -125,6 +125,9 @@ class HVWeighting(nn.Module):
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
         """Weights ``[..., m]`` (on the simplex, no gradient) for losses ``[..., m]``.
 
+        A non-finite loss raises :class:`~fedhv.errors.ConfigError` naming the task (its weights
+        would be NaN); the check reads one flag back from the device per call.
+
         The map is evaluated in float64 (float32 on MPS, which has no float64) whatever the
         losses' dtype, and the weights are returned in the losses' floating dtype: in float16
         (mixed precision) ``1 / rho_clip = 1e6`` would overflow to ``inf`` and give NaN
@@ -136,6 +139,12 @@ class HVWeighting(nn.Module):
         work = torch.float32 if losses.device.type == "mps" else torch.float64
         out = losses.dtype if losses.is_floating_point() else torch.get_default_dtype()
         with torch.no_grad():
+            finite = torch.isfinite(losses.detach())
+            if not bool(finite.all()):  # one host sync per call: NaN weights would silently poison the step
+                task = int(torch.nonzero(~finite.reshape(-1, self.num_tasks).all(0))[0, 0])
+                raise ConfigError(f"losses[..., {task}] is not finite ({losses.detach().reshape(-1, self.num_tasks)[:, task].tolist()[:4]}); "
+                                  "the weights of a diverged task are undefined: lower the learning rate or check "
+                                  "that task's inputs and targets")
             ref = self.reference.to(device=losses.device, dtype=work)
             inv = 1.0 / torch.clamp(ref - losses.detach().to(work), min=self.rho_clip)
             return (inv / inv.sum(-1, keepdim=True)).to(out)

@@ -1,0 +1,158 @@
+"""A user's own model and tasks (issue 27): BatchNorm buffers, mixed task kinds, heads.
+
+Each test fails on the code before issue 27: BatchNorm statistics never left their initial
+values, a regression task's "accuracy" (-100 MSE) entered MeanAcc / WorstAcc, HV used a fixed
+offset, and ``heads=`` naming a missing attribute ran silently.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fedhv
+
+
+class BNNet(nn.Module):
+    """BatchNorm on the raw inputs (so its statistics have a data-only oracle), then an MLP."""
+
+    def __init__(self, d: int = 6, heads: tuple[int, ...] = (3, 1)) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(d)
+        self.encoder = nn.Sequential(nn.Linear(d, 16), nn.BatchNorm1d(16), nn.ReLU())
+        self.heads = nn.ModuleList([nn.Linear(16, h) for h in heads])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        h = self.encoder(self.norm(x))
+        return [head(h) for head in self.heads]
+
+
+def _data(n: int = 240, clients: int = 6, dtype: torch.dtype = torch.float32, parts: list | None = None,
+          test: bool = True) -> fedhv.FederatedDataset:
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(n, 6, generator=g) * torch.arange(1, 7) + torch.arange(6)).to(dtype)
+    label = (x[:, 0] > 0.5).long() + (x[:, 1] > 2).long()
+    value = (2 * x[:, 2] + x[:, 3]).unsqueeze(1)
+    tasks = [fedhv.Task("cls", size=3), fedhv.Task("reg", "regression", 1)]
+    split = n * 3 // 4
+    partition = parts if parts is not None else [list(range(c, split, clients)) for c in range(clients)]
+    return fedhv.FederatedDataset.from_tensors(
+        x[:split], [label[:split], value[:split]], tasks, partition=partition,
+        test=(x[split:], [label[split:], value[split:]]) if test else None)
+
+
+def _run(data: fedhv.FederatedDataset, engine: str = "batched", dtype: torch.dtype = torch.float32, **kw):
+    torch.manual_seed(0)
+    model = BNNet().to(dtype)
+    opts = {"rounds": 3, "clients_per_round": 3, "local_steps": 3, "batch_size": 8, "lr_local": 0.05, "engine": engine,
+                "progress": False}
+    opts.update(kw)
+    method = opts.pop("method", fedhv.Uniform())
+    return fedhv.simulate(model, data, method, **opts)
+
+
+def test_batchnorm_statistics_are_federated_as_the_mean_of_the_clients_batches() -> None:
+    """Oracle from the data alone: every client holds exactly one batch and takes one step, so its
+    batch is all of its samples and BatchNorm's first update is 0.9 * init + 0.1 * batch statistics;
+    the global statistics are the mean over all clients."""
+    data = _data(n=96, clients=6)  # 72 training rows: 12 per client
+    hist = _run(data, rounds=1, clients_per_round=6, local_steps=1, batch_size=12)
+    norm = hist.model.norm
+    means = torch.stack([data.x[data.parts[c]].mean(0) for c in range(6)])
+    vars_ = torch.stack([data.x[data.parts[c]].var(0, unbiased=True) for c in range(6)])
+    torch.testing.assert_close(norm.running_mean, (0.1 * means).mean(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(norm.running_var, (0.9 + 0.1 * vars_).mean(0), atol=1e-4, rtol=1e-5)
+    assert int(norm.num_batches_tracked) == 1
+
+
+@pytest.mark.parametrize("engine", ["batched", "sequential"])
+def test_batchnorm_model_evaluation_matches_plain_pytorch(engine: str) -> None:
+    data = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to the sequential engine
+        hist = _run(data, engine=engine)
+    assert hist.engine == engine
+    model = hist.model
+    assert not model.training  # returned in eval mode
+    assert float(model.norm.running_mean.abs().sum()) > 0.1  # the statistics moved off their initial zeros
+    xt, (lt, vt) = data.test[0], (data.test[1][:, 0].long(), data.test[1][:, 1:])
+    with torch.no_grad():
+        o_cls, o_reg = model(xt)
+    acc = 100 * float((o_cls.argmax(1) == lt).float().mean())
+    mse = float(F.mse_loss(o_reg, vt))
+    last = hist.evaluations[-1]
+    assert last["task_acc"][0] == pytest.approx(acc, abs=1e-4)  # float32 mean vs fedhv's float64 one
+    assert last["task_score"][1] == pytest.approx(mse, rel=1e-5)
+    assert last["task_loss"][0] == pytest.approx(float(F.cross_entropy(o_cls, lt)), rel=1e-5)
+
+
+def test_batchnorm_batched_engine_equals_sequential_in_float64() -> None:
+    data = _data(dtype=torch.float64)
+    a = _run(data, "batched", torch.float64, momentum=0.9)
+    b = _run(data, "sequential", torch.float64, momentum=0.9)
+    for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-12, msg=name)
+
+
+def test_mixed_kinds_metrics_use_accuracy_tasks_only_and_configured_hv() -> None:
+    data = _data()
+    hist = _run(data, hv_reference=[3.0, 50.0])
+    last = hist.evaluations[-1]
+    acc, mse = last["task_score"]
+    assert last["task_acc"] == [acc, None]
+    assert last["mean_acc"] == last["worst_acc"] == acc  # the regression task is not an accuracy
+    l1, l2 = last["task_loss"]
+    assert mse == pytest.approx(l2)  # the default regression score is the MSE
+    assert mse > 3  # the paper's offset of 3 would give HV = 0 here
+    assert last["hv"] == pytest.approx(max(3.0 - l1, 0) * (50.0 - l2))
+    assert hist.task_metrics[1] == {"task": "reg", "metric": "mse", "higher_is_better": False, "is_accuracy": False}
+    assert hist.hv_reference == [3.0, 50.0]
+
+
+def test_regression_only_problem_has_no_mean_acc() -> None:
+    x = torch.randn(200, 6)
+    data = fedhv.FederatedDataset.from_tensors(x[:160], [x[:160, :1]], [fedhv.Task("r", "regression", 1)],
+                                               clients=4, test=(x[160:], [x[160:, :1]]))
+    model = nn.Sequential(nn.Linear(6, 1))
+    hist = fedhv.simulate(model, data, fedhv.Uniform(), rounds=1, clients_per_round=2, batch_size=8,
+                          local_steps=2, progress=False)
+    assert hist.evaluations[-1]["mean_acc"] is None and hist.evaluations[-1]["task_acc"] == [None]
+
+
+def test_heads_named_but_missing_is_refused_with_the_models_attributes() -> None:
+    data = _data()
+    with pytest.raises(fedhv.ConfigError, match=r"heads = 'decoders'.*\['norm', 'encoder', 'heads'\]"):
+        fedhv.simulate(BNNet(), data, fedhv.FSMGDA(), rounds=1, heads="decoders", progress=False)
+
+    class NoHeads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(6, 4)
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            h = self.body(x)
+            return [h[:, :3], h[:, 3:]]
+
+    with pytest.raises(fedhv.ConfigError, match="FSMGDA, FedCMOO"):
+        fedhv.simulate(NoHeads(), data, fedhv.FedCMOO(), rounds=1, progress=False)
+    # FedHV and Uniform do not split the model: no heads needed
+    assert fedhv.simulate(NoHeads(), data, fedhv.Uniform(), rounds=1, clients_per_round=2, batch_size=8,
+                          lr_local=0.001, progress=False).rounds
+
+
+def test_pytorch_convention_losses_work_and_reduced_losses_are_refused() -> None:
+    data = _data()
+    ce = fedhv.Task("cls", size=3, loss=nn.CrossEntropyLoss())  # mean-reduced module: used with reduction="none"
+    reg = fedhv.Task("reg", "regression", 1, loss=nn.MSELoss())
+    d2 = fedhv.FederatedDataset(( ce, reg), data.x, data.y, data.parts, data.test)
+    a = _run(d2, rounds=2)
+    b = _run(data, rounds=2)  # the built-in defaults compute the same losses
+    torch.testing.assert_close(a.evaluations[-1]["task_loss"], b.evaluations[-1]["task_loss"], rtol=1e-5, atol=1e-6)
+    fn = fedhv.Task("cls", size=3, loss=lambda o, y: F.cross_entropy(o, y))  # returns the batch mean
+    d3 = fedhv.FederatedDataset((fn, reg), data.x, data.y, data.parts, data.test)
+    with pytest.raises(fedhv.ConfigError, match="Task 'cls': its loss returned shape \\(\\) for 8 samples"):
+        _run(d3, rounds=1)
