@@ -191,3 +191,19 @@ def test_device_argument_and_public_errors() -> None:
     with pytest.raises(fedhv.ConfigError, match="device = 'gpu0' is not a torch device"):
         _sim(data, device="gpu0")
     assert issubclass(fedhv.ConfigError, fedhv.FedHVError) and issubclass(fedhv.DatasetTooLarge, fedhv.FedHVError)
+
+
+def test_recycling_warning_names_the_dry_strata_and_disjoint_partition_shares_nothing() -> None:
+    x, y, v = _xy(400)
+    with pytest.warns(UserWarning) as caught:
+        data = fedhv.FederatedDataset.from_tensors(x, [y, v], TASKS, clients=8, alpha=0.3)  # N * S = n
+    text = str(caught[0].message)
+    shared = sum(len(data.parts[c]) for c in range(8)) - len(torch.unique(data.parts.reshape(-1)))
+    assert "ran dry" in text and f"{shared} of the 400 client slots" in text and "exceeds" not in text
+    assert shared > 0
+    disjoint = fedhv.FederatedDataset.from_tensors(x, [y, v], TASKS, partition="dirichlet-disjoint", clients=8,
+                                                   alpha=0.3)
+    rows = [disjoint.parts[c].tolist() for c in range(8)]
+    flat = sorted(i for r in rows for i in r)
+    assert flat == list(range(400))  # every sample exactly once
+    assert len({len(r) for r in rows}) > 1  # sizes follow the draws

@@ -156,3 +156,35 @@ def test_pytorch_convention_losses_work_and_reduced_losses_are_refused() -> None
     d3 = fedhv.FederatedDataset((fn, reg), data.x, data.y, data.parts, data.test)
     with pytest.raises(fedhv.ConfigError, match="Task 'cls': its loss returned shape \\(\\) for 8 samples"):
         _run(d3, rounds=1)
+
+
+def test_scale_free_slack_golden_values_and_calibrated_range() -> None:
+    from fedhv.api.methods import calibrated_range
+    from fedhv.experiment.calibration import CalibrationResult
+    from fedhv.weighting import hv_weights
+
+    # s = (r - z) / d = [2 / 4, 1 / 1] = [0.5, 1] -> w = [2, 1] / 3; the paper's map: s = [2, 1] -> [1, 2] / 3
+    assert hv_weights([1.0, 2.0], [3.0, 3.0], 1e-6, [4.0, 1.0]).weights.tolist() == pytest.approx([2 / 3, 1 / 3])
+    assert hv_weights([1.0, 2.0], [3.0, 3.0], 1e-6).weights.tolist() == pytest.approx([1 / 3, 2 / 3])
+    cal = CalibrationResult([2.45, 0.85], [2.3, 0.7], 0.15, [0, 1],
+                            {"0": [[2.3, 0.7], [1.1, 0.5]], "1": [[2.2, 0.69], [0.9, 0.6]]})
+    assert calibrated_range(cal) == pytest.approx([2.45 - 0.9, 0.85 - 0.5])
+    with pytest.raises(fedhv.ConfigError, match="calibrated-range\" needs a calibration"):
+        fedhv.FedHV(reference=[1.0, 1.0], slack_scale="calibrated-range").build([1.0, 1.0], None, 0)
+
+
+def test_scale_free_variant_changes_the_weights_and_the_default_does_not() -> None:
+    data = _data()
+    paper = _run(data, method=fedhv.FedHV(calibration_rounds=2), rounds=2)
+    free = _run(data, method=fedhv.FedHV(calibration_rounds=2, slack_scale="calibrated-range"), rounds=2)
+    assert paper.reference == free.reference
+    from fedhv.api.methods import calibrated_range
+    from fedhv.weighting import hv_weights
+
+    d = calibrated_range(free.calibration)
+    report = free.rounds[0]["report"]
+    expected = hv_weights(report, free.reference, 1e-6, d).weights.tolist()
+    assert free.rounds[1]["weights"] == pytest.approx(expected, rel=1e-9)
+    assert paper.rounds[1]["weights"] == pytest.approx(hv_weights(paper.rounds[0]["report"], paper.reference).weights
+                                                       .tolist(), rel=1e-9)
+    assert free.rounds[1]["weights"] != pytest.approx(paper.rounds[1]["weights"], rel=1e-3)

@@ -79,6 +79,10 @@ class FedHV:
         Slack floor of the weight map (paper: 1e-6).
     report_batches : int or "all"
         Report budget ``B_rep`` (paper default: all).
+    slack_scale : ndarray ``[m]`` or None
+        Opt-in scale-free variant: slacks in units of ``slack_scale`` (e.g. each task's
+        calibrated range ``r_i - min_t F_i^t``; :func:`fedhv.weighting.hv_weights`). ``None``
+        is the paper's map.
     """
 
     reference: np.ndarray
@@ -86,6 +90,7 @@ class FedHV:
     rho_clip: float = 1e-6
     report_batches: int | str = "all"
     name: str = "fedhv"
+    slack_scale: np.ndarray | None = None
 
     def init_state(self, num_tasks: int) -> FedHVState:
         if len(self.reference) != num_tasks:
@@ -101,7 +106,7 @@ class FedHV:
         assert replies.reports is not None and replies.deltas is not None
         new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global)
         report = replies.reports.double().mean(0).cpu().numpy()
-        hv = hv_weights(report, self.reference, self.rho_clip)
+        hv = hv_weights(report, self.reference, self.rho_clip, self.slack_scale)
         log = {
             "weights": state.weights.tolist(),
             "report": report.tolist(),

@@ -8,6 +8,10 @@ Partitions (``partition=``):
   every client draws label proportions ``p ~ Dir(alpha 1_K)`` over the ``K`` strata (by
   default the first classification task's labels) and gets ``floor(p_k S)`` samples of
   stratum ``k``, topped up to exactly ``S = samples_per_client``;
+- ``"dirichlet-disjoint"``: every sample to exactly one client
+  (:func:`fedhv.data.partition.disjoint_dirichlet_partition`: per stratum, shares
+  ``q ~ Dir(alpha 1_N)`` over the clients); sizes vary, no sample is shared (the
+  ``"dirichlet"`` rule recycles samples when a stratum runs dry, with a warning);
 - ``"ids"``: a natural id column ``ids [n]`` (writer, hospital, ...): one client per
   distinct id, in sorted id order.
 
@@ -28,7 +32,7 @@ import torch
 from fedhv.api.checks import check_inputs, check_lengths, check_targets
 from fedhv.api.tasks import Task, TaskObjective, as_tasks
 from fedhv.data.federated import FederatedData
-from fedhv.data.partition import dirichlet_partition
+from fedhv.data.partition import dirichlet_partition, disjoint_dirichlet_partition
 from fedhv.errors import ConfigError
 
 TensorLike = torch.Tensor | np.ndarray
@@ -91,13 +95,20 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
             strata = np.zeros(n, np.int64) if col is None else y[:, col].long().numpy()
         s = samples_per_client or n // clients
         return torch.from_numpy(dirichlet_partition(np.asarray(strata), clients, s, alpha, seed))
-    if isinstance(spec, str) and spec == "ids":
+    if isinstance(spec, str) and spec == "dirichlet-disjoint":
+        if strata is None:
+            first = next((i for i, t in enumerate(tasks) if t.kind == "classification"), None)
+            col = sum(t.width for t in tasks[:first]) if first is not None else None
+            strata = np.zeros(n, np.int64) if col is None else y[:, col].long().numpy()
+        rows = [torch.from_numpy(r) for r in disjoint_dirichlet_partition(np.asarray(strata), clients, alpha, seed)]
+    elif isinstance(spec, str) and spec == "ids":
         if ids is None or len(ids) != n:
             raise ConfigError(f"partition = \"ids\" needs ids = one client id per sample ({n} values); pass ids=")
         id_col = np.asarray(ids)
         rows = [torch.from_numpy(np.flatnonzero(id_col == v)) for v in np.unique(id_col)]
     elif isinstance(spec, str):
-        raise ConfigError(f"partition = {spec!r} is unknown; use \"dirichlet\", \"ids\" or a list of index lists")
+        raise ConfigError(f"partition = {spec!r} is unknown; use \"dirichlet\", \"dirichlet-disjoint\", \"ids\" or a "
+                          "list of index lists")
     else:
         rows = [torch.as_tensor(np.asarray(r, dtype=np.int64)) for r in spec]
     for c, r in enumerate(rows):

@@ -10,6 +10,7 @@ min-norm weights of client gradients (options: :class:`~fedhv.config.schema.FSMG
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from fedhv.algorithms.base import Algorithm
 from fedhv.algorithms.fedcmoo import FedCMOO as _FedCMOO
 from fedhv.algorithms.fsmgda import FSMGDA as _FSMGDA
 from fedhv.config.schema import FedCMOOConfig, FSMGDAConfig
+from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 
 
@@ -32,9 +34,43 @@ def _min_norm(algorithm: Callable[..., Algorithm], slices: TaskSlices, lr_global
     return algorithm(slices, lr_global, **extra, **dataclasses.asdict(config))
 
 
+def calibrated_range(calibration: Any) -> list[float]:
+    """``d_i = r_i - min_{s,t} F_i^{s,t}``: how far each task's report fell below its reference
+    during the calibration (its loss scale; the scale-free variant's unit of slack)."""
+    rows = [row for rounds in calibration.reports.values() for row in rounds]
+    low = [min(row[i] for row in rows) for i in range(len(calibration.reference))]
+    return [r - lo for r, lo in zip(calibration.reference, low)]
+
+
+def slack_scale_values(spec: str | Sequence[float], m: int, calibration: Any | None) -> list[float] | None:
+    """The slack scales ``d`` of ``slack_scale = spec`` (``None`` for the paper's map)."""
+    if isinstance(spec, str):
+        if spec == "none":
+            return None
+        if spec != "calibrated-range":
+            raise ConfigError(f"slack_scale = {spec!r} is unknown; use \"none\" (the paper's map), "
+                              "\"calibrated-range\" or one positive number per task")
+        if calibration is None:
+            raise ConfigError("slack_scale = \"calibrated-range\" needs a calibration (reference = None / "
+                              "\"calibrate\"); with a given reference pass one scale per task")
+        values = calibrated_range(calibration)
+    else:
+        values = [float(v) for v in spec]
+    if len(values) != m or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ConfigError(f"slack_scale = {values} must be {m} finite positive numbers (one per task)")
+    return values
+
+
 @dataclass(frozen=True)
 class FedHV:
-    """FedHV (paper §3.3). ``reference=None`` calibrates it first."""
+    """FedHV (paper §3.3). ``reference=None`` calibrates it first.
+
+    Defaults: ``lr_global = 1.0``, ``reference = None`` (calibrate: ``calibration_rounds = 20``
+    uniform-weight rounds with ``calibration_seeds = (0,)``, ``r = max_t F^t + margin``,
+    ``margin = 0.15``), ``rho_clip = 1e-6``, ``report_batches = "all"`` (each client reports
+    over its whole local dataset), ``slack_scale = "none"`` (the paper's map; see
+    :func:`fedhv.weighting.hv_weights` for ``"calibrated-range"``, the scale-free variant).
+    """
 
     lr_global: float = 1.0
     reference: Sequence[float] | None = None
@@ -43,13 +79,17 @@ class FedHV:
     calibration_rounds: int = 20
     margin: float = 0.15
     calibration_seeds: tuple[int, ...] = (0,)
+    slack_scale: str | Sequence[float] = "none"
     name = "fedhv"
     needs_heads = False  # whether the method splits encoder and task heads (``simulate(heads=)``)
 
-    def build(self, reference: Sequence[float], slices: TaskSlices, seed: int) -> Algorithm:
+    def build(self, reference: Sequence[float], slices: TaskSlices, seed: int,
+              calibration: Any | None = None) -> Algorithm:
         import numpy as np
 
-        return alg.FedHV(np.asarray(reference, dtype=np.float64), self.lr_global, self.rho_clip, self.report_batches)
+        scale = slack_scale_values(self.slack_scale, len(reference), calibration)
+        return alg.FedHV(np.asarray(reference, dtype=np.float64), self.lr_global, self.rho_clip, self.report_batches,
+                         slack_scale=None if scale is None else np.asarray(scale, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -60,7 +100,8 @@ class Uniform:
     name = "uniform"
     needs_heads = False
 
-    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
+    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int,
+              calibration: Any | None = None) -> Algorithm:
         return alg.Uniform(self.lr_global)
 
 
@@ -73,7 +114,8 @@ class FSMGDA:
     name = "fsmgda"
     needs_heads = True
 
-    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
+    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int,
+              calibration: Any | None = None) -> Algorithm:
         return _min_norm(_FSMGDA, slices, self.lr_global, self.config)
 
 
@@ -86,7 +128,8 @@ class FedCMOO:
     name = "fedcmoo"
     needs_heads = True
 
-    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int) -> Algorithm:
+    def build(self, reference: Sequence[float] | None, slices: TaskSlices, seed: int,
+              calibration: Any | None = None) -> Algorithm:
         return _min_norm(_FedCMOO, slices, self.lr_global, self.config, seed=seed)
 
 

@@ -300,7 +300,7 @@ def _simulate(sim: _Sim, model: nn.Module, data: FederatedDataset, method: Metho
                 raise ConfigError(f"FedHV(reference=...) has {len(reference)} values for {sim.data.num_tasks} tasks; "
                                   "give one value per task")
     slices = TaskSlices.of(ParamLayout.of(sim.adapter), sim.data.num_tasks, sim.adapter.head_prefix)
-    algorithm = method.build(reference, slices.to(sim.data.train_x.device), seed)  # type: ignore[arg-type]
+    algorithm = method.build(reference, slices.to(sim.data.train_x.device), seed, cal)  # type: ignore[arg-type]
     metrics = describe_metrics(sim.data.task_names, sim.data.objective)
     if writer is not None:
         writer.start(config, data.provenance(), cal)

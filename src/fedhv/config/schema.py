@@ -142,6 +142,9 @@ class FedHVConfig:
     rho_clip: float = 1e-6
     report_batches: int | str = "all"
     reference: str | tuple[float, ...] = "calibrate"
+    #: ``"none"`` (the paper's map), ``"calibrated-range"`` (slack in units of each task's
+    #: ``r_i - min_t F_i^t`` over the calibration) or one positive scale per task.
+    slack_scale: str | tuple[float, ...] = "none"
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ def dirichlet_partition(
         used.append([])
     out = np.empty((clients, samples_per_client), dtype=np.int64)
     recycled = 0
+    exhausted: dict[int, int] = {}  # stratum -> times its pool ran dry
     for c in range(clients):
         p = rng.dirichlet(np.full(len(keys), alpha))
         mine: list[int] = []
@@ -85,6 +86,7 @@ def dirichlet_partition(
                 pools[k] = list(rng.permutation(refill)) if refill else []
                 used[k] = []
                 recycled += 1
+                exhausted[k] = exhausted.get(k, 0) + 1
             take = pools[k][:want]
             pools[k] = pools[k][want:]
             used[k].extend(take)
@@ -113,12 +115,55 @@ def dirichlet_partition(
                 pools[k] = [i for i in pools[k] if i not in ids]
         out[c] = np.asarray(mine, dtype=np.int64)
     if recycled:
-        warnings.warn(
-            f"the partition recycled samples {recycled} time(s): N * samples_per_client = "
-            f"{clients * samples_per_client} exceeds what some strata hold, so some samples are "
-            "shared by several clients (as in the reference code)"
-        )
+        warnings.warn(_recycling_note(keys, exhausted, recycled - sum(exhausted.values()), out, n), stacklevel=2)
     return out
+
+
+def _recycling_note(keys: np.ndarray, exhausted: dict[int, int], topups: int, out: np.ndarray, n: int) -> str:
+    """The recycling warning: which strata ran dry, and how many samples ended up shared."""
+    shared = int(out.size - len(np.unique(out)))
+    dry = ", ".join(f"{keys[k]!r} ({times}x)" for k, times in sorted(exhausted.items())[:5])
+    more = "" if len(exhausted) <= 5 else f" and {len(exhausted) - 5} more"
+    parts = []
+    if exhausted:
+        parts.append(f"the Dirichlet draws asked some strata for more samples than they hold (ran dry: {dry}{more})")
+    if topups:
+        parts.append(f"the remaining pools could not top {topups} client(s) up")
+    return (f"partition: {' and '.join(parts)}, so samples were recycled: {shared} of the {out.size} client slots "
+            f"repeat a sample another client also holds ({out.size} slots, {n} samples; as in the reference code). "
+            "For clients that share no sample use the disjoint rule (FederatedDataset.from_tensors(partition="
+            "\"dirichlet-disjoint\"), fedhv.data.partition.disjoint_dirichlet_partition)")
+
+
+def disjoint_dirichlet_partition(strata: np.ndarray, clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """Label-wise Dirichlet split: every sample goes to exactly one client (Hsu et al., 2019 style).
+
+    For every stratum ``k`` (sorted), draw ``q ~ Dirichlet(alpha * 1_N)`` over the clients and
+    cut the stratum's shuffled indices at the cumulative shares ``round(cumsum(q) * n_k)``:
+    client ``c`` gets ``n_k q_c`` of them, up to rounding. No sample is shared; client sizes
+    vary (small ``alpha``: very unequal, some clients may be empty -- fedhv never samples an
+    empty client).
+
+    Returns
+    -------
+    list of ndarray, int64
+        Client ``c``'s training indices (sorted), ``N`` entries.
+    """
+    if alpha <= 0:
+        raise ConfigError(f"alpha = {alpha} must be > 0")
+    if clients < 1:
+        raise ConfigError(f"clients = {clients} must be >= 1")
+    rng = numpy_rng(seed, "dirichlet-disjoint")
+    order = np.argsort(strata, kind="stable")
+    _, starts = np.unique(strata[order], return_index=True)
+    rows: list[list[np.ndarray]] = [[] for _ in range(clients)]
+    for idx in np.split(order, starts[1:]):
+        shuffled = rng.permutation(idx)
+        q = rng.dirichlet(np.full(clients, alpha))
+        cuts = np.round(np.cumsum(q)[:-1] * len(idx)).astype(np.int64)
+        for c, piece in enumerate(np.split(shuffled, cuts)):
+            rows[c].append(piece)
+    return [np.sort(np.concatenate(r)).astype(np.int64) for r in rows]
 
 
 def label_histograms(labels: np.ndarray, parts: np.ndarray, num_classes: int) -> np.ndarray:

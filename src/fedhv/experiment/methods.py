@@ -120,8 +120,9 @@ def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None
            calibration: CalibrationResult | None = None,
            federation_factory: FederationFactory | None = None) -> MethodSetup:
     ref, source, cal = resolve_reference(cfg, data, progress, calibration, federation_factory)
-    method = api.FedHV(cfg.lr_global, ref.tolist(), cfg.fedhv.rho_clip, cfg.fedhv.report_batches)
-    return MethodSetup(method.build(ref.tolist(), _NO_SLICES, cfg.seed), ref.tolist(), source, cal)
+    method = api.FedHV(cfg.lr_global, ref.tolist(), cfg.fedhv.rho_clip, cfg.fedhv.report_batches,
+                       slack_scale=cfg.fedhv.slack_scale)
+    return MethodSetup(method.build(ref.tolist(), _NO_SLICES, cfg.seed, cal), ref.tolist(), source, cal)
 
 
 @METHODS.register("uniform")

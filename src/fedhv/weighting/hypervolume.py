@@ -35,8 +35,17 @@ class HVWeights:
     floor_active: np.ndarray
 
 
-def hv_weights(z: np.ndarray, reference: np.ndarray, rho_clip: float = 1e-6) -> HVWeights:
+def hv_weights(z: np.ndarray, reference: np.ndarray, rho_clip: float = 1e-6,
+               slack_scale: np.ndarray | None = None) -> HVWeights:
     """Apply ``W_{rho_clip}(z; r)``.
+
+    With ``slack_scale = d`` (fedhv's opt-in scale-free variant, not the paper's map) the
+    slack is measured in units of ``d_i`` before the floor::
+
+        s_i = max((r_i - z_i) / d_i, rho_clip),    w_i = s_i^{-1} / sum_j s_j^{-1},
+
+    so a task whose loss lives on a larger scale (a 10-class cross-entropy next to a binary
+    one) is not down-weighted for that alone. ``raw_slack`` stays ``r - z``.
 
     Parameters
     ----------
@@ -59,6 +68,7 @@ def hv_weights(z: np.ndarray, reference: np.ndarray, rho_clip: float = 1e-6) -> 
     if z.shape != r.shape:
         raise ValueError(f"reports have shape {z.shape} but the reference has shape {r.shape}")
     raw = r - z
-    active = raw < rho_clip
-    inv = 1.0 / np.maximum(raw, rho_clip)
+    slack = raw if slack_scale is None else raw / np.asarray(slack_scale, dtype=np.float64)
+    active = slack < rho_clip
+    inv = 1.0 / np.maximum(slack, rho_clip)
     return HVWeights(inv / inv.sum(), raw, active)
