@@ -24,7 +24,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--small", action="store_true")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
-n_train, n_test, rounds = (1500, 500, 6) if args.small else (12000, 5000, 60)
+n_train, n_test, rounds, steps = (1500, 500, 4, 3) if args.small else (12000, 5000, 60, 10)
 
 
 def idx(name: str) -> torch.Tensor:
@@ -80,7 +80,7 @@ def plain_torch(model: nn.Module) -> list[float]:
 print(f"clients {data.num_clients}: sizes {sorted(data.client_sizes)[:6]} ... {max(data.client_sizes)}")
 for method in (fedhv.FedHV(lr_global=1.0, calibration_rounds=3 if args.small else 10), fedhv.Uniform(lr_global=1.0)):
     torch.manual_seed(args.seed)
-    hist = fedhv.simulate(Net(), data, method, rounds=rounds, clients_per_round=10, local_steps=10, batch_size=16,
+    hist = fedhv.simulate(Net(), data, method, rounds=rounds, clients_per_round=10, local_steps=steps, batch_size=16,
                           lr_local=0.05, momentum=0.9, seed=args.seed, eval_every=rounds, progress=False)
     last = hist.evaluations[-1]
     print(f"{method.name}: scores {[round(v, 4) for v in last['task_score']]} "

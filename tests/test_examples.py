@@ -66,3 +66,18 @@ def test_hv_centralized_example_module_and_adapter_agree_and_learn() -> None:
         assert sum(weights) == pytest.approx(1.0, abs=1e-3)
         assert float(line.rsplit(" ", 1)[1]) < 1e-6  # every step's weights on the simplex
     assert float(_line(out, "max |theta_module").rsplit(" ", 1)[1]) == 0.0  # the two ways are the same update
+
+
+def test_mnist_writers_example_bn_mixed_tasks_small_and_empty_clients() -> None:
+    """Issue 27's own problem: fedhv's scores of History.model equal a plain-PyTorch evaluation."""
+    out = _run("mnist_writers.py")
+    (sizes,) = _numbers(_line(out, "clients 41:"))
+    assert sizes[0] == 0 and sizes[1] < 16  # an empty client and clients smaller than the batch
+    for method in ("fedhv", "uniform"):
+        line = _line(out, f"{method}: scores")
+        (scores,) = _numbers(line)
+        (plain,) = _numbers(_line(out, f"{method} plain torch:"))
+        assert scores == pytest.approx(plain, abs=2e-4), (line, plain)
+        assert "(accuracy, accuracy, mse)" in line and "engine batched" in line
+        mean_acc = float(re.search(r"MeanAcc ([\d.]+)", line).group(1))  # type: ignore[union-attr]
+        assert mean_acc == pytest.approx((scores[0] + scores[1]) / 2, abs=0.01)  # the MSE is not averaged in

@@ -43,8 +43,10 @@ def test_recycling_once_is_counted_once() -> None:
     with pytest.warns(UserWarning) as rec:
         parts = dirichlet_partition(np.zeros(4, dtype=np.int64), 2, 3, 1.0, 0)
     assert [str(w.message) for w in rec] == [(
-        "the partition recycled samples 1 time(s): N * samples_per_client = 6 exceeds what some strata hold, "
-        "so some samples are shared by several clients (as in the reference code)"
+        "the partition recycled samples 1 time(s): the Dirichlet draws asked strata for more samples than they hold "
+        "(ran dry: 0 (1x)), so 2 of the 6 client slots repeat a sample another client also holds (4 samples; as in "
+        "the reference code). For clients that share no sample use the disjoint rule (FederatedDataset.from_tensors("
+        "partition=\"dirichlet-disjoint\"), fedhv.data.partition.disjoint_dirichlet_partition)"
     )]
     assert all(len(set(row)) == 3 for row in parts.tolist())
 

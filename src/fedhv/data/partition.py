@@ -115,23 +115,24 @@ def dirichlet_partition(
                 pools[k] = [i for i in pools[k] if i not in ids]
         out[c] = np.asarray(mine, dtype=np.int64)
     if recycled:
-        warnings.warn(_recycling_note(keys, exhausted, recycled - sum(exhausted.values()), out, n), stacklevel=2)
+        warnings.warn(_recycling_note(keys, exhausted, recycled, out, n), stacklevel=2)
     return out
 
 
-def _recycling_note(keys: np.ndarray, exhausted: dict[int, int], topups: int, out: np.ndarray, n: int) -> str:
-    """The recycling warning: which strata ran dry, and how many samples ended up shared."""
+def _recycling_note(keys: np.ndarray, exhausted: dict[int, int], recycled: int, out: np.ndarray, n: int) -> str:
+    """The recycling warning: how often, which strata ran dry, and how many client slots repeat a sample."""
     shared = int(out.size - len(np.unique(out)))
-    dry = ", ".join(f"{keys[k]!r} ({times}x)" for k, times in sorted(exhausted.items())[:5])
+    topups = recycled - sum(exhausted.values())
+    dry = ", ".join(f"{int(keys[k])} ({times}x)" for k, times in sorted(exhausted.items())[:5])
     more = "" if len(exhausted) <= 5 else f" and {len(exhausted) - 5} more"
     parts = []
     if exhausted:
-        parts.append(f"the Dirichlet draws asked some strata for more samples than they hold (ran dry: {dry}{more})")
+        parts.append(f"the Dirichlet draws asked strata for more samples than they hold (ran dry: {dry}{more})")
     if topups:
         parts.append(f"the remaining pools could not top {topups} client(s) up")
-    return (f"partition: {' and '.join(parts)}, so samples were recycled: {shared} of the {out.size} client slots "
-            f"repeat a sample another client also holds ({out.size} slots, {n} samples; as in the reference code). "
-            "For clients that share no sample use the disjoint rule (FederatedDataset.from_tensors(partition="
+    return (f"the partition recycled samples {recycled} time(s): {' and '.join(parts)}, so {shared} of the "
+            f"{out.size} client slots repeat a sample another client also holds ({n} samples; as in the reference "
+            "code). For clients that share no sample use the disjoint rule (FederatedDataset.from_tensors(partition="
             "\"dirichlet-disjoint\"), fedhv.data.partition.disjoint_dirichlet_partition)")
 
 
