@@ -29,10 +29,17 @@ if HAVE_FLWR:
     from fedhv.flower.local import Deployment, FlowerRunError
 
 
+#: Issue 27's local-training options over Flower: the nodes' engines and the server's aggregation.
+LOCAL_OPTIONS = ['train.optimizer="adamw"', "train.optimizer_options={weight_decay=0.01}", "train.momentum=0.0",
+                 "train.clip_grad_norm=0.5", "train.local_epochs=1", 'train.aggregation="samples"']
+
+
 @needs_flwr
-@pytest.mark.parametrize("method", ["fedhv", "fedcmoo"])
-def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_path: Path, method: str) -> None:
-    cfg = load_config("multimnist", [*EQUIV, f'method="{method}"'])
+@pytest.mark.parametrize(("method", "extra"), [("fedhv", []), ("fedcmoo", []), ("uniform", LOCAL_OPTIONS)],
+                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples"])
+def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_path: Path, method: str,
+                                          extra: list[str]) -> None:
+    cfg = load_config("multimnist", [*EQUIV, f'method="{method}"', *extra])
     flower = flower_deployment.submit(cfg, tmp_path / "flower")
     sim = tmp_path / "sim"
     run_experiment(cfg, sim, progress=False)

@@ -74,6 +74,10 @@ class Replies:
     reports: torch.Tensor | None = None
     gradients: torch.Tensor | None = None
     deltas: torch.Tensor | None = None
+    #: Aggregation weights ``[k]`` of the updates (sum 1), set by the federation when updates
+    #: are weighted by the clients' sample counts (``train.aggregation = "samples"``); ``None``
+    #: is the paper's unweighted mean.
+    weights: torch.Tensor | None = None
 
 
 class Federation(Protocol):
@@ -119,9 +123,25 @@ class Algorithm(Protocol):
         """Run one round: drive the stages, aggregate, return the next model and state."""
 
 
-def fedavg_step(theta: torch.Tensor, deltas: torch.Tensor, lr_global: float) -> torch.Tensor:
-    """``theta + eta_g * (1/|S|) sum_k Delta theta_k`` for ``deltas [k, d]``."""
-    return theta + lr_global * deltas.mean(0)
+def mean_update(deltas: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``(1/|S|) sum_k Delta_k`` over the first dimension, or ``sum_k p_k Delta_k`` with weights ``p``."""
+    if weights is None:
+        return deltas.mean(0)
+    p = weights.to(device=deltas.device, dtype=deltas.dtype)
+    return torch.tensordot(p, deltas, dims=1)
+
+
+def fedavg_step(theta: torch.Tensor, deltas: torch.Tensor, lr_global: float,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``theta + eta_g * (1/|S|) sum_k Delta theta_k`` for ``deltas [k, d]`` (or ``sum_k p_k Delta_k``,
+    FedAvg's sample-weighted mean ``p_k = n_k / sum_j n_j``, when ``weights`` are given)."""
+    return theta + lr_global * mean_update(deltas, weights)
+
+
+def sample_weights(sizes: list[int] | np.ndarray) -> torch.Tensor:
+    """``p_k = n_k / sum_j n_j`` (float64) of the answering clients' sample counts."""
+    n = torch.as_tensor(np.asarray(sizes, dtype=np.float64))
+    return n / n.sum()
 
 
 def one_hot_rows(m: int) -> np.ndarray:

@@ -207,5 +207,5 @@ class FedCMOO:
         )
         assert stage2.deltas is not None
         log = {"weights": w.tolist(), "gram": gg.tolist()}
-        new_theta = fedavg_step(theta, stage2.deltas[:, 0], self.lr_global)
+        new_theta = fedavg_step(theta, stage2.deltas[:, 0], self.lr_global, stage2.weights)
         return StepResult(new_theta, replace(state, weights=w, round=state.round + 1), log)

@@ -104,7 +104,7 @@ class FedHV:
             theta, Request(payload={"weights": weights}, report=self.report_batches, train=state.weights[None, :])
         )
         assert replies.reports is not None and replies.deltas is not None
-        new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global)
+        new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global, replies.weights)
         report = replies.reports.double().mean(0).cpu().numpy()
         hv = hv_weights(report, self.reference, self.rho_clip, self.slack_scale)
         log = {

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import Federation, Request, StepResult, one_hot_rows
+from fedhv.algorithms.base import Federation, Request, StepResult, mean_update, one_hot_rows
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.models.params import TaskSlices
 from fedhv.weighting import min_norm
@@ -91,7 +91,7 @@ class FSMGDA:
         m = state.num_tasks
         replies = federation.exchange(theta, Request(train=one_hot_rows(m)))
         assert replies.deltas is not None
-        mean = replies.deltas.mean(0)  # [m, d]
+        mean = mean_update(replies.deltas, replies.weights)  # [m, d]
         vectors = mean[:, self.slices.encoder]
         if self.count_decoders:
             vectors = torch.cat([vectors] + [mean[:, h] for h in self.slices.heads], 1)

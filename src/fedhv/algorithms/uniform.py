@@ -53,4 +53,4 @@ class Uniform:
         log: dict = {"weights": [1.0 / m] * m}
         if replies.reports is not None:
             log["report"] = replies.reports.double().mean(0).cpu().tolist()
-        return StepResult(fedavg_step(theta, replies.deltas[:, 0], self.lr_global), state, log)
+        return StepResult(fedavg_step(theta, replies.deltas[:, 0], self.lr_global, replies.weights), state, log)

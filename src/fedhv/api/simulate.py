@@ -32,7 +32,7 @@ from fedhv.api.dataset import FederatedDataset
 from fedhv.api.history import History
 from fedhv.api.methods import FedHV, Method
 from fedhv.api.output import SimRunWriter, method_options, round_record
-from fedhv.config.schema import PRECISIONS
+from fedhv.config.schema import AGGREGATIONS, PRECISIONS
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, calibration_from_records
@@ -44,6 +44,7 @@ from fedhv.metrics.summary import hv_reference as hv_reference_list
 from fedhv.models.params import ParamLayout, TaskSlices, copy_buffers, get_flat, set_flat
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
+from fedhv.sim.local_opt import LocalTraining
 from fedhv.sim.module import ModuleAdapter, vmap_problem
 
 __all__ = ["History", "calibrate", "simulate"]
@@ -60,6 +61,8 @@ class _Sim:
     data: FederatedData
     engine_kind: str
     precision: str = "fp32"
+    local: LocalTraining = LocalTraining()
+    aggregation: str = "mean"
 
 
 class _Stop(Exception):
@@ -82,7 +85,7 @@ def _on_device(model: nn.Module, device: str | torch.device | None) -> nn.Module
 
 
 def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str, precision: str = "fp32",
-             needs_heads: bool = False) -> _Sim:
+             needs_heads: bool = False, local: LocalTraining | None = None, aggregation: str = "mean") -> _Sim:
     if not isinstance(data, FederatedDataset):
         raise ConfigError(f"data has type {type(data).__name__}; build it with fedhv.FederatedDataset.from_tensors or .from_datasets")
     if not isinstance(model, nn.Module):
@@ -107,14 +110,22 @@ def _prepare(model: nn.Module, data: FederatedDataset, engine: str, heads: str, 
             warnings.warn(f"torch.func.vmap cannot run this model ({problem}); using the sequential engine",
                           RuntimeWarning, stacklevel=3)
             engine = "sequential"
-    return _Sim(adapter, fd, engine, precision)
+    return _Sim(adapter, fd, engine, precision, local or LocalTraining(), aggregation)
 
 
 def _engine(sim: _Sim, model: nn.Module, seed: int, stream: str, local_steps: int, batch_size: int,
             lr_local: float, momentum: float) -> Engine:
     cls = BatchedEngine if sim.engine_kind == "batched" else SequentialEngine
     return cls(model, sim.data, local_steps=local_steps, batch_size=batch_size, lr_local=lr_local,  # type: ignore[arg-type]
-               momentum=momentum, seed=seed, stream=stream, precision=sim.precision)
+               momentum=momentum, seed=seed, stream=stream, precision=sim.precision, local=sim.local)
+
+
+def _local(optimizer: str | type, optimizer_options: dict[str, Any] | None, local_epochs: int | None,
+           clip_grad_norm: float | None, aggregation: str, momentum: float) -> tuple[LocalTraining, str]:
+    if aggregation not in AGGREGATIONS:
+        raise ConfigError(f"aggregation = {aggregation!r} is unknown; use \"mean\" (the paper) or \"samples\" "
+                          "(weighted by the clients' sample counts)")
+    return LocalTraining.of(optimizer, optimizer_options, local_epochs, clip_grad_norm, momentum), aggregation
 
 
 def _sampleable(data: FederatedData) -> int:
@@ -164,7 +175,8 @@ def _calibrate(sim: _Sim, rounds: int, margin: float, seeds: tuple[int, ...], lr
 
         engine = _engine(sim, copy.deepcopy(sim.adapter), seed, "calibration", **train)
         algorithm = _Uniform(lr_global=lr_global, report=True, report_batches=report_batches)
-        run_rounds(algorithm, engine, sim.data, theta0, rounds, clients_per_round, seed, "calibration", on_round)
+        run_rounds(algorithm, engine, sim.data, theta0, rounds, clients_per_round, seed, "calibration", on_round,
+                   aggregation=sim.aggregation)
     bar.close()
     return calibration_from_records(records, margin, time.perf_counter() - start, seeds)
 
@@ -174,7 +186,9 @@ def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, mar
               local_steps: int = 10, batch_size: int = 32, lr_local: float = 0.1, momentum: float = 0.0,
               engine: str = "batched", heads: str = "heads", report_batches: int | str = "all",
               precision: str = "fp32", device: str | torch.device | None = None,
-              progress: bool = False) -> CalibrationResult:
+              progress: bool = False, optimizer: str | type = "sgd", optimizer_options: dict[str, Any] | None = None,
+              local_epochs: int | None = None, clip_grad_norm: float | None = None,
+              aggregation: str = "mean") -> CalibrationResult:
     """FedHV's reference from a uniform-weight run: ``r_i = max_{seed, t} F_i^t + margin``.
 
     Training settings (and ``precision``, ``device``) as in :func:`simulate`; ``report_batches``
@@ -182,7 +196,8 @@ def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, mar
     :func:`fedhv.experiment.calibration.calibration_from_records`, shared with ``fedhv run``.
     Returns the calibration (``.reference``, ``.max_report``, ``.reports``, bytes, seconds).
     """
-    sim = _prepare(_on_device(model, device), data, engine, heads, precision)
+    local, agg = _local(optimizer, optimizer_options, local_epochs, clip_grad_norm, aggregation, momentum)
+    sim = _prepare(_on_device(model, device), data, engine, heads, precision, False, local, agg)
     cpr = clients_per_round or min(10, _sampleable(sim.data))
     train = {"local_steps": local_steps, "batch_size": batch_size, "lr_local": lr_local, "momentum": momentum}
     _check(sim.data, cpr, rounds, train)
@@ -197,7 +212,9 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
              eval_every: int = 1, heads: str = "heads", out: str | Path | None = None, name: str = "custom",
              overwrite: bool = False, precision: str = "fp32", device: str | torch.device | None = None,
              hv_reference: float | Sequence[float] = PAPER_HV_REFERENCE, progress: bool = True,
-             callback: Callback | None = None) -> History:
+             callback: Callback | None = None, optimizer: str | type = "sgd",
+             optimizer_options: dict[str, Any] | None = None, local_epochs: int | None = None,
+             clip_grad_norm: float | None = None, aggregation: str = "mean") -> History:
     """Train ``model`` federatedly on ``data`` with ``method`` for ``rounds`` rounds.
 
     Each round samples ``clients_per_round`` of the clients with samples (keyed by ``seed``;
@@ -242,6 +259,19 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
         one for every task or one per task (losses on another scale need their own).
     progress : bool, default True
         A progress bar (stderr) over the calibration and the rounds.
+    optimizer : str or torch.optim class, default "sgd"
+        The clients' optimizer (``"adam"``, ``torch.optim.AdamW``, ...: :mod:`fedhv.sim.local_opt`);
+        ``lr_local`` is its ``lr``, ``momentum`` applies to SGD only.
+    optimizer_options : dict, optional
+        Its keyword options (``{"weight_decay": 1e-4}``, ``{"betas": (0.9, 0.99)}``, ...).
+    local_epochs : int, optional
+        Passes over each client's data per round instead of ``local_steps`` steps
+        (``K_c = local_epochs * max(1, floor(S_c / batch_size))``).
+    clip_grad_norm : float, optional
+        Clip each client's gradient to this norm before every step.
+    aggregation : {"mean", "samples"}, default "mean"
+        The paper's unweighted mean of the updates, or FedAvg's mean weighted by the clients'
+        sample counts ``n_k / sum_j n_j`` (reports stay unweighted).
     callback : callable, optional
         ``callback(round, record)`` after every round (``record``: the round's ``rounds.jsonl``
         fields, plus ``"evaluation"`` on evaluated rounds); returning ``True`` stops the run
@@ -250,7 +280,8 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
     """
     method = method or FedHV()
     model = _on_device(model, device)
-    sim = _prepare(model, data, engine, heads, precision, bool(getattr(method, "needs_heads", False)))
+    local, agg = _local(optimizer, optimizer_options, local_epochs, clip_grad_norm, aggregation, momentum)
+    sim = _prepare(model, data, engine, heads, precision, bool(getattr(method, "needs_heads", False)), local, agg)
     cpr = clients_per_round or min(10, _sampleable(sim.data))
     train: dict[str, Any] = {"local_steps": local_steps, "batch_size": batch_size, "lr_local": lr_local, "momentum": momentum}
     _check(sim.data, cpr, rounds, train)
@@ -263,7 +294,8 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
     config = {"setting": name, "method": method.name, "seed": seed, "rounds": rounds, "engine": sim.engine_kind,
               "precision": precision,
               "source": "fedhv.simulate", "model": type(model).__qualname__,
-              "train": {"clients_per_round": cpr, "lr_global": method.lr_global, **train},
+              "train": {"clients_per_round": cpr, "lr_global": method.lr_global, **train, **local.as_dict(),
+                        "aggregation": agg},
               "eval": {"test_period": eval_every, "final": True, "hv_reference": hv_ref},
               "tasks": {"names": [t.name for t in data.tasks], "kinds": [t.kind for t in data.tasks],
                         "sizes": [t.size for t in data.tasks],
@@ -335,7 +367,8 @@ def _simulate(sim: _Sim, model: nn.Module, data: FederatedDataset, method: Metho
 
     stopped = False
     try:
-        theta, _ = run_rounds(algorithm, engine_obj, sim.data, last["theta"], rounds, cpr, seed, "train", on_round)
+        theta, _ = run_rounds(algorithm, engine_obj, sim.data, last["theta"], rounds, cpr, seed, "train", on_round,
+                              aggregation=sim.aggregation)
     except _Stop:
         theta, stopped = last["theta"], True
     finally:

@@ -77,6 +77,10 @@ def check_flower(cfg: RunConfig) -> None:
                else "only methods that need nothing but the mean of the replies can be masked")
         raise ConfigError(f"flower.secure_aggregation = true with method = {cfg.method!r}: {why}; use method "
                           f"fedhv, uniform or fsmgda, or flower.secure_aggregation = false")
+    if cfg.train.aggregation != "mean":
+        raise ConfigError(f"train.aggregation = {cfg.train.aggregation!r} with flower.secure_aggregation = true: "
+                          "SecAgg+ returns only the plain mean of the masked updates; use train.aggregation = "
+                          "\"mean\" or flower.secure_aggregation = false")
     n = cfg.train.clients_per_round
     if not 2 <= n <= MAX_SECURE_CLIENTS:
         raise ConfigError(f"train.clients_per_round = {n} with flower.secure_aggregation = true: SecAgg+ needs 2 to "

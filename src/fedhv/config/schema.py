@@ -15,6 +15,9 @@ from fedhv.config.flower import FlowerConfig
 METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
 #: Method names accepted as keys of the ``[lr]`` table (the paper's four methods).
 LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
+AGGREGATIONS: tuple[str, ...] = ("mean", "samples")
+#: ``train.optimizer`` values (the keys of :data:`fedhv.sim.local_opt.OPTIMIZERS`).
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam")
 ENGINES: tuple[str, ...] = ("batched", "sequential")
 DTYPES: tuple[str, ...] = ("float32", "float64")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
@@ -96,6 +99,17 @@ class TrainConfig:
     momentum: float = 0.0
     lr_global: float | None = None
     lr_local: float | None = None
+    #: The clients' optimizer (:data:`fedhv.sim.local_opt.OPTIMIZERS`; the paper: SGD) and its
+    #: keyword options (e.g. ``{weight_decay = 1e-4}``, ``{betas = [0.9, 0.99]}``).
+    optimizer: str = "sgd"
+    optimizer_options: dict[str, float | bool | tuple[float, ...]] = field(default_factory=dict)
+    #: ``0``: ``local_steps`` steps per round; ``E``: ``E`` passes over each client's data.
+    local_epochs: int = 0
+    #: ``0``: off; ``c``: each client's gradient clipped to norm ``c`` before every step.
+    clip_grad_norm: float = 0.0
+    #: ``"mean"`` (the paper: unweighted mean of the updates) or ``"samples"`` (weighted by the
+    #: clients' sample counts, FedAvg's and Flower's default).
+    aggregation: str = "mean"
 
 
 @dataclass(frozen=True)

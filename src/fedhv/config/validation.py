@@ -4,7 +4,16 @@ checked without data, each failure one line naming the key, the value and the fi
 from __future__ import annotations
 
 from fedhv.config.flower import check_flower
-from fedhv.config.schema import DTYPES, ENGINES, PRECISIONS, STRATA, RunConfig, ValidationConfig
+from fedhv.config.schema import (
+    AGGREGATIONS,
+    DTYPES,
+    ENGINES,
+    OPTIMIZER_NAMES,
+    PRECISIONS,
+    STRATA,
+    RunConfig,
+    ValidationConfig,
+)
 from fedhv.devices import check_device
 from fedhv.errors import ConfigError
 from fedhv.registry import METHODS as REGISTERED_METHODS
@@ -120,6 +129,15 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.local_steps = {t.local_steps} must be >= 1 (K local SGD steps)")
     if not 0.0 <= t.momentum < 1.0:
         raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
+    _choice("train.aggregation", t.aggregation, AGGREGATIONS)
+    _choice("train.optimizer", t.optimizer, OPTIMIZER_NAMES)  # its options are checked when the engine is built
+    if t.momentum and t.optimizer != "sgd":
+        raise ConfigError(f"train.momentum = {t.momentum} applies to train.optimizer = \"sgd\" only; set it to 0 "
+                          f"and give {t.optimizer}'s own options in train.optimizer_options")
+    if t.local_epochs < 0:
+        raise ConfigError(f"train.local_epochs = {t.local_epochs} must be >= 0 (0 = train.local_steps steps)")
+    if t.clip_grad_norm < 0:
+        raise ConfigError(f"train.clip_grad_norm = {t.clip_grad_norm} must be >= 0 (0 = no clipping)")
     for key, rates in cfg.lr.items():
         _choice("lr table key", key, REGISTERED_METHODS.names())
         _positive(f"lr.{key}.global", rates.global_, "a learning rate must be positive, e.g. 1.0 (server)")

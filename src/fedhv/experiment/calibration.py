@@ -164,7 +164,7 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
         run_rounds(
             algorithm, engine, data, get_flat(model).clone(), c.rounds,
             cfg.train.clients_per_round, seed, "calibration", on_round, validation=cfg.validation,
-            federation_factory=federation_factory,
+            federation_factory=federation_factory, aggregation=cfg.train.aggregation,
         )
     if bar is not None:
         bar.close()

@@ -91,6 +91,7 @@ def run_rounds(
     faults: FaultInjector | None = None,
     validation: ValidationConfig | None = None,
     federation_factory: FederationFactory | None = None,
+    aggregation: str = "mean",
 ) -> tuple[torch.Tensor, Any]:
     """Run ``rounds`` federated rounds from ``theta``.
 
@@ -114,6 +115,10 @@ def run_rounds(
         their replies in training rounds, see ``docs/flower.md``), while
         ``faults.client_dropout`` is not simulated (a node that does not answer in time
         is dropped). Default: a :class:`SimFederation` over ``engine``.
+
+    aggregation : {"mean", "samples"}
+        How the simulator's federation averages updates (``"samples"``: weighted by the
+        clients' sample counts); a ``federation_factory`` applies its own.
 
     Returns
     -------
@@ -141,7 +146,8 @@ def run_rounds(
         else:  # empty clients are never sampled: M of the non-empty ones
             clients = pool[sample_clients(seed, stream, t, len(pool), clients_per_round)]
         if federation_factory is None:
-            federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio)
+            federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio,
+                                       aggregation)
         else:
             federation = federation_factory(clients, t, seed, stream)
         synchronize(engine.device)  # clock reads wait for the device's queued work

@@ -396,7 +396,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             theta, _ = run_rounds(
                 setup.algorithm, engine, data, theta, cfg.rounds - done, cfg.train.clients_per_round,
                 cfg.seed, "train", on_round, start_round=done, state=state, faults=faults, validation=cfg.validation,
-                federation_factory=federation_factory,
+                federation_factory=federation_factory, aggregation=cfg.train.aggregation,
             )
         except BaseException:
             # Interrupted or failed: keep every fully written round.

@@ -15,11 +15,13 @@ from fedhv.data.benchmarks import Benchmark, load_benchmark
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition
 from fedhv.data.user import user_benchmark, user_federated_data, user_model
+from fedhv.errors import ConfigError
 from fedhv.models import MultiTaskModel, build_model, default_init
 from fedhv.registry import BENCHMARKS
 from fedhv.rng import numpy_rng, torch_generator
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
+from fedhv.sim.local_opt import LocalTraining
 from fedhv.sim.memory import ChunkChoice, auto_chunk
 from fedhv.sim.module import ModuleAdapter, vmap_problem
 
@@ -87,6 +89,16 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
 
 
+def local_training(cfg: RunConfig) -> LocalTraining:
+    """The clients' local optimisation of ``[train]`` (:mod:`fedhv.sim.local_opt`)."""
+    t = cfg.train
+    try:
+        return LocalTraining.of(t.optimizer, dict(t.optimizer_options), t.local_epochs or None,
+                                t.clip_grad_norm or None, t.momentum)
+    except ConfigError as exc:
+        raise ConfigError(f"train.{exc}") from None
+
+
 def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed: int, stream: str,
                 available: int | None = None) -> Engine:
     """The configured engine over ``model`` (a working copy it may overwrite).
@@ -112,7 +124,7 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
         engine = BatchedEngine(
             model, data, local_steps=cfg.train.local_steps, batch_size=cfg.train.batch_size, lr_local=cfg.lr_local,
             momentum=cfg.train.momentum, seed=seed, stream=stream, precision=cfg.precision,
-            eval_batch_size=cfg.eval.batch_size,
+            eval_batch_size=cfg.eval.batch_size, local=local_training(cfg),
             chunk=(choice.chunk if choice else 0) if cfg.engine_chunk == "auto" else int(cfg.engine_chunk),
         )
         engine.chunk_choice = choice
@@ -128,6 +140,7 @@ def make_engine(cfg: RunConfig, model: MultiTaskModel, data: FederatedData, seed
         stream=stream,
         precision=cfg.precision,
         eval_batch_size=cfg.eval.batch_size,
+        local=local_training(cfg),
     )
 
 

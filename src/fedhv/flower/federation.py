@@ -40,7 +40,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedhv.algorithms.accounting import FederationAccounting
-from fedhv.algorithms.base import Replies, Request
+from fedhv.algorithms.base import Replies, Request, sample_weights
 from fedhv.algorithms.validation import (
     ClientReply,
     NoValidReplies,
@@ -150,8 +150,9 @@ class FlowerFederation(FederationAccounting):
 
     def __init__(self, grid: Grid, nodes: NodeMap, clients: np.ndarray, round_idx: int, seed: int, stream: str,
                  config_sha: str, num_tasks: int, timeout: float | None = None, max_update_norm: float = 0.0,
-                 max_norm_ratio: float = 0.0, faults: FaultInjector | None = None) -> None:
+                 max_norm_ratio: float = 0.0, faults: FaultInjector | None = None, aggregation: str = "mean") -> None:
         super().__init__(np.asarray(clients), round_idx)
+        self.aggregation = aggregation
         self.grid, self.nodes = grid, nodes
         self.seed, self.stream, self.sha = seed, stream, config_sha
         self.num_tasks, self.timeout = num_tasks, timeout
@@ -191,7 +192,11 @@ class FlowerFederation(FederationAccounting):
         self.stages += 1
         self.bytes_down += round(float(np.mean(down))) if down else 0
         got = self._collect(replies, sent_to)
-        return self._validated(got, request, theta)
+        out = self._validated(got, request, theta)
+        if self.aggregation == "samples" and out.deltas is not None:  # sizes from the nodes' handshake
+            out.weights = sample_weights([int(self.nodes.served.get(int(c), {}).get("samples", 1))  # type: ignore[call-overload]
+                                          for c in out.clients])
+        return out
 
     def _stage_contents(self, theta: torch.Tensor, request: Request) -> Iterator[tuple[int, int, RecordDict]]:
         """``(client, node, content)`` of this stage for every remaining client; a client whose

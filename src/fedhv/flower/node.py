@@ -28,7 +28,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.data.node_file import NodeDataError, load_node_file
 from fedhv.errors import FedHVError
-from fedhv.experiment.setup import federated_data, new_model
+from fedhv.experiment.setup import federated_data, local_training, new_model
 from fedhv.sim.engine import SequentialEngine
 from fedhv.sim.faults import FaultInjector, no_faults
 
@@ -176,7 +176,7 @@ class NodeWorker:
         c = self.cfg
         return SequentialEngine(self.model, self.data, local_steps=c.train.local_steps,
                                 batch_size=c.train.batch_size, lr_local=c.lr_local, momentum=c.train.momentum,
-                                seed=seed, stream=stream, precision=c.precision)
+                                seed=seed, stream=stream, precision=c.precision, local=local_training(c))
 
     def serve(self, theta: torch.Tensor, order: StageOrder, held: torch.Tensor | None) -> StageResult:
         """Run one stage at ``theta``; ``held`` = this node's gradients ``[T', d]`` of the round's last

@@ -60,7 +60,7 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
             return SecureFlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, cfg.flower,
                                           timeout, faults)
         return FlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, timeout,
-                                v.max_update_norm, v.max_update_norm_ratio, faults)
+                                v.max_update_norm, v.max_update_norm_ratio, faults, cfg.train.aggregation)
 
     # environment.json["clients"]: what each client's node served (its own file and SHA-256, or samples)
     factory.provenance = {str(k): nodes.served.get(k, {}) for k in sorted(nodes.nodes)}  # type: ignore[attr-defined]

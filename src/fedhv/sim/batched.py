@@ -26,6 +26,7 @@ from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import set_flat
 from fedhv.sim.engine import Engine
 from fedhv.sim.local import rotate
+from fedhv.sim.local_opt import clip_rows
 from fedhv.sim.memory import ChunkChoice
 from fedhv.sim.plan import ClientPlan, stack_plans
 from fedhv.sim.precision import amp_module, autocast, to_dtype
@@ -138,28 +139,69 @@ class BatchedEngine(Engine):
         round_idx: int,
         first_step: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        plan, w = self._copies(clients, weights, round_idx, self.local_steps, "train")
+        """Updates ``[k, T, d]``; clients with different step counts (local epochs) run as separate locksteps."""
+        steps = [self.steps_of(int(c)) for c in clients]
+        groups: dict[int, list[int]] = {}
+        for row, k in enumerate(steps):
+            groups.setdefault(k, []).append(row)
+        t_rows = len(weights)
+        if len(groups) == 1:
+            out, finals = self._train_group(theta, clients, weights, round_idx, first_step, steps[0])
+        else:
+            out = theta.new_empty(len(clients), t_rows, theta.numel())
+            finals = {}
+            for k, rows in groups.items():
+                sub = None if first_step is None else first_step[rows]
+                deltas, bufs = self._train_group(theta, clients[rows], weights, round_idx, sub, k)
+                out[rows] = deltas
+                copies = torch.tensor([r * t_rows + t for r in rows for t in range(t_rows)], device=theta.device)
+                for name, value in bufs.items():
+                    if name not in finals:
+                        finals[name] = value.new_empty(len(clients) * t_rows, *value.shape[1:])
+                    finals[name][copies] = value
+        if finals:
+            self.merge_buffers([finals[name] for name in self.buffer_names])
+        return out
+
+    def _train_group(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int,
+                     first_step: torch.Tensor | None, steps: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``steps``-step trajectories of ``clients`` in lockstep: updates ``[k, T, d]`` and the copies'
+        final buffers (``{name: [k T, ...]}``, empty for a model without buffers).
+
+        The paper's SGD (:attr:`LocalTraining.plain_sgd`) is written out on the ``[n, d]`` rows;
+        any other optimizer of :data:`fedhv.sim.local_opt.OPTIMIZERS` runs once over the
+        ``[n, d]`` leaf (its update is elementwise, so the rows stay independent).
+        """
+        plan, w = self._copies(clients, weights, round_idx, steps, "train")
         first = None if first_step is None else first_step.reshape(len(w), -1)
+        clip = self.local.clip_grad_norm
         out = []
         finals: list[dict[str, torch.Tensor]] = []
         for part in self._chunks(len(w)):
             rows = plan.select(part)
             params = theta.detach().expand(part.stop - part.start, -1).clone().requires_grad_(True)
             bufs = self._copy_buffers(part.stop - part.start)
+            opt = None if self.local.plain_sgd else self.local.make([params], self.lr_local, self.momentum)
             buf: torch.Tensor | None = None
-            for s in range(self.local_steps):
+            for s in range(steps):
                 if s == 0 and first is not None:
                     grad = first[part].clone()
                 else:
                     (grad,) = torch.autograd.grad(self._losses(params, rows, s, w[part], bufs), params)
+                if clip:
+                    grad = clip_rows(grad, clip)
+                if opt is not None:
+                    params.grad = grad
+                    opt.step()
+                    continue
                 with torch.no_grad():
                     if self.momentum:
                         buf = grad if buf is None else buf.mul_(self.momentum).add_(grad)
                         grad = buf
                     params.sub_(grad, alpha=self.lr_local)
+            params.grad = None
             out.append(params.detach() - theta)
             if bufs is not None:
                 finals.append(bufs)
-        if finals:
-            self.merge_buffers([torch.cat([f[name] for f in finals]) for name in self.buffer_names])
-        return torch.cat(out).view(len(clients), len(weights), -1)
+        merged = {name: torch.cat([f[name] for f in finals]) for name in self.buffer_names} if finals else {}
+        return torch.cat(out).view(len(clients), len(weights), -1), merged

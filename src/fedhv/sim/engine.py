@@ -42,6 +42,7 @@ from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.base import MultiTaskModel
 from fedhv.models.params import ParamLayout, get_flat, set_flat
 from fedhv.sim.local import rotate
+from fedhv.sim.local_opt import LocalTraining
 from fedhv.sim.plan import ClientPlan, client_plan, report_indices
 from fedhv.sim.precision import amp_module, autocast, to_dtype
 
@@ -66,6 +67,9 @@ class Engine:
         Chunk size of report evaluation.
     precision : str
         ``"fp32"`` or ``"bf16"`` (forward passes under bfloat16 autocast).
+    local : LocalTraining, optional
+        Optimizer, local epochs and gradient clipping (:mod:`fedhv.sim.local_opt`; default:
+        the paper's SGD for ``local_steps`` steps).
 
     Attributes
     ----------
@@ -85,8 +89,11 @@ class Engine:
         stream: str = "train",
         eval_batch_size: int = 2048,
         precision: str = "fp32",
+        local: LocalTraining | None = None,
     ) -> None:
         self.model = model
+        self.local = local or LocalTraining()
+        self.local.make([torch.zeros(1, requires_grad=True)], lr_local, momentum)  # option conflicts fail here
         self.precision = precision
         self.data = data
         self.layout = ParamLayout.of(model)
@@ -135,6 +142,10 @@ class Engine:
         for b, s in zip(self.buffers, stacked):
             mean = s[ok].double().mean(0)
             b.copy_(mean if b.is_floating_point() else mean.round())
+
+    def steps_of(self, client: int) -> int:
+        """Local steps of ``client`` this round (``local_steps``, or from its size with local epochs)."""
+        return self.local.steps(len(self.data.parts[client]), self.batch_size, self.local_steps)
 
     def plan(self, client: int, round_idx: int, steps: int, tag: str, copy: int) -> ClientPlan:
         """The random choices of one trajectory (or gradient) of ``client``."""
@@ -237,18 +248,22 @@ class SequentialEngine(Engine):
         out = []
         for row, client in enumerate(clients):
             deltas = []
+            steps = self.steps_of(int(client))
+            clip = self.local.clip_grad_norm
             for t in range(len(w)):
                 set_flat(self.model, theta)
                 self.load_buffers(start)
-                plan = self.plan(int(client), round_idx, self.local_steps, "train", t)
-                opt = torch.optim.SGD(self.model.parameters(), lr=self.lr_local, momentum=self.momentum)
-                for s in range(self.local_steps):
+                plan = self.plan(int(client), round_idx, steps, "train", t)
+                opt = self.local.make(self.model.parameters(), self.lr_local, self.momentum)
+                for s in range(steps):
                     opt.zero_grad(set_to_none=True)
                     if s == 0 and first_step is not None:
                         for p, g in zip(self.model.parameters(), self.layout.views(first_step[row, t]).values()):
                             p.grad = g.clone()
                     else:
                         self._loss(plan, s, w[t]).backward()
+                    if clip:
+                        torch.nn.utils.clip_grad_norm_(list(self.model.parameters()), clip)
                     opt.step()
                 deltas.append(get_flat(self.model) - theta)
                 finals.append(self.buffer_snapshot())

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.accounting import FederationAccounting
-from fedhv.algorithms.base import Replies, Request
+from fedhv.algorithms.base import Replies, Request, sample_weights
 from fedhv.algorithms.validation import (
     NoValidReplies,
     ReplySpec,
@@ -48,6 +48,9 @@ class SimFederation(FederationAccounting):
     A stage returns exactly the replies that passed validation, as the clients sent them
     (after any simulated corruption): a reply altered by fault injection that still passes
     validation is aggregated whether or not another client was rejected in the stage.
+    ``aggregation = "samples"`` weights the updates by the answering clients' sample counts
+    (:attr:`Replies.weights`; FedAvg's default in Flower), ``"mean"`` is the paper's plain mean.
+
     ``max_update_norm`` / ``max_norm_ratio`` are the optional norm bounds of
     :class:`~fedhv.algorithms.validation.ReplySpec` (``validation.*``; 0 = off).
 
@@ -56,8 +59,9 @@ class SimFederation(FederationAccounting):
     """
 
     def __init__(self, engine: Engine, clients: np.ndarray, round_idx: int, faults: FaultInjector | None = None,
-                 max_update_norm: float = 0.0, max_norm_ratio: float = 0.0) -> None:
+                 max_update_norm: float = 0.0, max_norm_ratio: float = 0.0, aggregation: str = "mean") -> None:
         self.engine = engine
+        self.aggregation = aggregation
         self.max_update_norm = max_update_norm
         self.max_norm_ratio = max_norm_ratio
         self.faults = faults or no_faults()
@@ -91,7 +95,10 @@ class SimFederation(FederationAccounting):
             value = getattr(replies, name)
             if value is not None:
                 self.bytes_up += nbytes(value[0])
-        return self._validated(replies, request, theta)
+        out = self._validated(replies, request, theta)
+        if self.aggregation == "samples" and out.deltas is not None:
+            out.weights = sample_weights([len(e.data.parts[int(c)]) for c in out.clients])
+        return out
 
     def _validated(self, replies: Replies, request: Request, theta: torch.Tensor) -> Replies:
         spec = ReplySpec(
