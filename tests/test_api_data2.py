@@ -203,7 +203,7 @@ def test_simulate_out_is_exclusive_and_a_failed_start_leaves_nothing(tmp_path: P
     data = _small(tmp_path)
     kw: dict[str, Any] = {"rounds": 1, "clients_per_round": 2, "local_steps": 1, "batch_size": 8}
     bad = tmp_path / "a" / "bad"
-    with pytest.raises(FedHVError, match="has 1 values for 2 tasks"):
+    with pytest.raises(FedHVError, match="has 1 values but .* has 2 tasks"):
         fedhv.simulate(_model(), data, fedhv.FedHV(reference=[3.0]), out=bad, **kw)
     assert not (tmp_path / "a").exists()  # the folders the claim created are removed again
     out = tmp_path / "run"

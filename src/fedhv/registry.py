@@ -116,6 +116,10 @@ class Registry(Generic[T]):
 
         return add if obj is None else add(obj)
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (no error when absent)."""
+        self._items.pop(name, None)
+
     def get(self, name: str) -> T:
         """The entry registered as ``name``.
 

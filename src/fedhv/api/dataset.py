@@ -22,6 +22,7 @@ on every engine and on Flower.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhv.api.checks import check_inputs, check_lengths, check_targets
 from fedhv.api.tasks import Task, TaskObjective, as_tasks
+from fedhv.checks import check_inputs, check_lengths, check_targets
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition, disjoint_dirichlet_partition
 from fedhv.errors import ConfigError
@@ -227,6 +228,18 @@ class FederatedDataset:
                 "empty_clients": sum(1 for s in sizes if s == 0),
                 "samples_per_client": {"min": min(sizes), "max": max(sizes)},
                 "x_shape": list(self.x.shape[1:]), "x_dtype": str(self.x.dtype), **self.extra}
+
+    def digest(self) -> str:
+        """SHA-256 of the training and test tensors and the partition (a resume checks it)."""
+        h = hashlib.sha256()
+        tensors = [self.x, self.y, *(self.parts[c] for c in range(self.num_clients))]
+        if self.test is not None:
+            tensors += list(self.test)
+        for t in tensors:
+            t = t.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{list(t.shape)}".encode())
+            h.update(t.numpy().tobytes() if t.numel() else b"")
+        return h.hexdigest()
 
     def federated(self, dtype: torch.dtype, device: torch.device | str) -> FederatedData:
         """The engines' :class:`~fedhv.data.federated.FederatedData` on ``device`` (floats in ``dtype``)."""

@@ -316,6 +316,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     flower: FlowerConfig = field(default_factory=FlowerConfig)  # [flower]: fedhv.config.flower
+    #: Who started the run when not ``fedhv run`` / ``grid`` (``"fedhv.simulate"``: a Python
+    #: model and data, registered in that process only); unset (omitted) otherwise.
+    source: str | None = None
 
     @property
     def lr_global(self) -> float:

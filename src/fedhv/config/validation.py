@@ -159,7 +159,8 @@ def validate(cfg: RunConfig) -> None:
             f"eval.splits = {list(e.splits)} has no \"test\": the run would never evaluate the test set that "
             "summary.json reports; add it, e.g. eval.splits = [\"test\", \"val\"]"
         )
-    if not e.final and (e.test_period == 0 or e.test_period > cfg.rounds):
+    # (a fedhv.simulate run of a FederatedDataset without test data evaluates nothing: its choice)
+    if not e.final and (e.test_period == 0 or e.test_period > cfg.rounds) and cfg.source is None:
         raise ConfigError(
             f"eval.test_period = {e.test_period} with eval.final = false and rounds = {cfg.rounds} never evaluates "
             "the test set; set eval.final = true or eval.test_period between 1 and rounds"

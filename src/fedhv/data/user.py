@@ -19,10 +19,12 @@ declared ``version``.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import hashlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,25 +57,33 @@ class UserBenchmark:
     train, test : (x, targets)
         ``x [n, ...]``; targets one tensor per task or one ``[n, sum_i width_i]``
         (:meth:`fedhv.FederatedDataset.from_tensors`).
-    model : callable or str
-        ``model() -> nn.Module`` returning one output per task, or the name of a registered
-        model (``"lenet"``: ``factory(task sizes)``). Its ``Linear`` / ``Conv2d`` layers are
-        re-initialised from the run's seed (PyTorch's default rule), so seeds reproduce.
+    model : callable, nn.Module or str
+        ``model() -> nn.Module`` returning one output per task, a module (deep-copied for every
+        use), or the name of a registered model (``"lenet"``: ``factory(task sizes)``). Its
+        ``Linear`` / ``Conv2d`` layers are re-initialised from the run's seed (PyTorch's
+        default rule), so seeds reproduce, unless ``initialise = False``.
     heads : str
         Attribute of the module holding the per-task heads (FSMGDA, FedCMOO).
     strata : array ``[n]``, optional
         Dirichlet strata of the training samples (default: from the labels, see above).
     version : str
         Declared version of the data, recorded with the run.
+    dataset : FederatedDataset, optional
+        Data already split among clients (what :func:`fedhv.simulate` passes): its own
+        partition and test set are used, ``partition.*`` and ``train`` / ``test`` are not.
+    initialise : bool
+        ``False``: ``theta^0`` is the module's own parameters (``fedhv.simulate``).
     """
 
     tasks: Sequence[Task | str]
-    train: tuple[TensorLike, Targets]
-    test: tuple[TensorLike, Targets]
-    model: Callable[[], nn.Module] | str
+    train: tuple[TensorLike, Targets] | None
+    test: tuple[TensorLike, Targets] | None
+    model: Callable[[], nn.Module] | nn.Module | str
     heads: str = "heads"
     strata: TensorLike | None = None
     version: str = ""
+    dataset: Any = None
+    initialise: bool = True
 
 
 _LOADED: dict[tuple[str, int], UserBenchmark] = {}
@@ -137,6 +147,12 @@ def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtyp
     ub = user_benchmark(name)
     if ub is None:
         raise ConfigError(f"data.benchmark = {name!r} is a built-in benchmark; load it with load_benchmark")
+    if ub.dataset is not None:  # split already (fedhv.simulate): its partition and test set as they are
+        fd = ub.dataset
+        data = fd.federated(dtype, device)
+        return dataclasses.replace(data, provenance={"benchmark": name, **fd.provenance(), "digest": fd.digest()})
+    if ub.train is None:
+        raise ConfigError(f"data.benchmark = {name!r}: the UserBenchmark has neither train tensors nor a dataset")
     tasks = as_tasks(ub.tasks)
     plain = FederatedDataset.from_tensors(ub.train[0], ub.train[1], tasks, partition=[[0]])  # the targets [n, cols]
     strata = _strata(ub, tasks, plain.y, partition.strata)
@@ -156,15 +172,49 @@ def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtyp
 
 def user_model(name: str, data: FederatedData) -> MultiTaskModel:
     """The user benchmark's model as a :class:`MultiTaskModel` (float32 on the CPU, before init)."""
+    from fedhv.checks import check_heads, check_model
     from fedhv.sim.module import ModuleAdapter
 
     ub = user_benchmark(name)
     assert ub is not None
-    module = MODELS.get(ub.model)(data.num_classes) if isinstance(ub.model, str) else ub.model()
+    if isinstance(ub.model, nn.Module):
+        module = copy.deepcopy(ub.model)
+    else:
+        module = MODELS.get(ub.model)(data.num_classes) if isinstance(ub.model, str) else ub.model()
     if isinstance(module, MultiTaskModel):
         return module
     if not isinstance(module, nn.Module):
         raise ConfigError(f"data.benchmark = {name!r}: model() returned a {type(module).__name__}; return an "
                           "nn.Module with one output per task")
-    example = data.train_x[:2].to(device="cpu", dtype=torch.float32)
-    return ModuleAdapter(module.float().cpu(), data.task_names, example, ub.heads)
+    module = module.cpu() if not ub.initialise else module.float().cpu()
+    first = next(module.parameters(), None)
+    if first is None:
+        raise ConfigError(f"data.benchmark = {name!r}: the model has no parameters; pass an nn.Module with trainable "
+                          "parameters")
+    check_heads(module, ub.heads, data.num_tasks, False, explicit=ub.heads != "heads")
+    x = data.train_x.to("cpu")
+    x = x.to(first.dtype) if x.is_floating_point() else x
+    adapter = ModuleAdapter(module, data.task_names, x[:2], ub.heads)
+    check_model(adapter, x, data.train_y.to(device="cpu", dtype=first.dtype), data.objective.tasks
+                if hasattr(data.objective, "tasks") else (), data.objective)
+    return adapter
+
+
+@contextlib.contextmanager
+def registered(name: str, ub: UserBenchmark) -> Iterator[str]:
+    """Register ``ub`` as benchmark ``name`` for the duration of the block (``fedhv.simulate``).
+
+    The entry and its cached benchmark are removed afterwards, so the process keeps no
+    reference to the user's data or model.
+    """
+    from fedhv.registry import BENCHMARKS
+
+    def factory() -> UserBenchmark:
+        return ub
+
+    BENCHMARKS.register(name, factory, replace=True)
+    try:
+        yield name
+    finally:
+        BENCHMARKS.unregister(name)
+        _LOADED.pop((name, id(factory)), None)

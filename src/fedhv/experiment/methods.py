@@ -17,8 +17,9 @@ from typing import cast
 import numpy as np
 import torch
 
+from fedhv import methods as api
 from fedhv.algorithms.base import Algorithm
-from fedhv.api import methods as api
+from fedhv.checks import check_heads
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
@@ -133,7 +134,12 @@ def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | No
 
 
 def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
+    """Encoder and head positions of the model (FSMGDA, FedCMOO); a user's module must hold one head
+    per task in its ``heads`` submodule (:func:`fedhv.checks.check_heads`)."""
     model = new_model(cfg, data, cfg.seed)
+    user = getattr(model, "module", None)
+    if isinstance(user, torch.nn.Module) and hasattr(model, "heads_name"):
+        check_heads(user, model.heads_name, data.num_tasks, needed=True, explicit=False)
     return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix).to(cfg.device)
 
 

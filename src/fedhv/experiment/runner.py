@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
@@ -39,22 +38,22 @@ from fedhv.experiment.checkpoint import (
 from fedhv.experiment.environment import environment, kernel_fingerprint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, build_method
+from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-exported
+    evaluate,
+    evaluation_entry,
+    restore_buffers,
+    summarize,
+    write_model,
+)
 from fedhv.experiment.setup import federated_data, make_engine, new_model
 from fedhv.experiment.signals import Terminated, signals_deferred, sigterm_as_interrupt  # noqa: F401 - re-exported
-from fedhv.metrics import evaluate_record
 from fedhv.metrics.evaluate import describe_metrics
-from fedhv.metrics.summary import SUMMARY_EVAL_KEYS, hv_reference, list_or_float
-from fedhv.models import MultiTaskModel, get_flat, set_flat
+from fedhv.models import get_flat, set_flat
 from fedhv.models.params import copy_buffers
-from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir, write_atomic_with
+from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir
 from fedhv.sim.faults import FaultInjector
-from fedhv.sim.precision import amp_module
 
 log = logging.getLogger("fedhv")
-
-
-def _write_bytes(fh: BinaryIO, data: bytes) -> None:
-    fh.write(data)
 
 
 def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool = False) -> RunDir:
@@ -66,7 +65,8 @@ def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool
     """
     if out is None:
         return RunDir.create_default(cfg.setting, cfg.method, cfg.seed)
-    return RunDir.create(out, overwrite=overwrite)
+    # a run started from Python (cfg.source) may replace an unfinished run of the same source
+    return RunDir.create(out, overwrite=overwrite, replace_unfinished=cfg.source)
 
 
 def _recorded_kernels(path: Path) -> dict[str, Any] | None:
@@ -102,18 +102,21 @@ def _fmt(values: list[float], digits: int = 3) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
 
-def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, data: FederatedData) -> dict[str, Any]:
-    """Test metrics (top level) and other configured splits (nested) of ``theta``."""
-    set_flat(evaluator, theta)
-    entry: dict[str, Any] = {}
-    for split in cfg.eval.splits:
-        values = evaluate_record(amp_module(evaluator, cfg.precision), *data.eval_sets[split],
-                                 cfg.eval.batch_size, data.objective, list_or_float(cfg.eval.hv_reference))
-        if split == "test":
-            entry.update(values)
-        else:
-            entry[split] = values
-    return entry
+@dataclasses.dataclass
+class RunHooks:
+    """In-process callbacks of a run (:func:`fedhv.simulate`).
+
+    ``on_round(round, record)`` runs after each round is written (and checkpointed when
+    due), with the ``rounds.jsonl`` record plus ``"evaluation"`` (the ``metrics.jsonl``
+    entry) on evaluated rounds; returning ``True`` ends the run there: ``model.pt`` and
+    ``summary.json`` are written for the rounds done (``summary.json``: ``stopped_early``).
+    """
+
+    on_round: Callable[[int, dict[str, Any]], Any] | None = None
+
+
+class _StopRun(Exception):
+    """An ``on_round`` hook asked to end the run after the round it saw."""
 
 
 #: Test-only hook (``tests/test_resume.py``): ``FEDHV_TEST_PAUSE_AFTER_ROUND=<n>`` makes a run
@@ -169,7 +172,8 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
 
 def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progress: bool = True,
                    calibration: CalibrationResult | None = None, overwrite: bool = False,
-                   federation_factory: FederationFactory | None = None) -> dict[str, Any]:
+                   federation_factory: FederationFactory | None = None,
+                   hooks: RunHooks | None = None) -> dict[str, Any]:
     """Train ``cfg.method`` on ``cfg``'s setting and write the run directory.
 
     Parameters
@@ -214,11 +218,12 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
                     (run.path / name).unlink(missing_ok=True)
             run.abandon()
             raise
-        return _train(cfg, run, data, setup, None, start, progress, federation_factory)
+        return _train(cfg, run, data, setup, None, start, progress, federation_factory, hooks=hooks)
 
 
 def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | None = None,
-                      federation_factory: FederationFactory | None = None) -> dict[str, Any]:
+                      federation_factory: FederationFactory | None = None,
+                      hooks: RunHooks | None = None) -> dict[str, Any]:
     """Continue an interrupted run to its configured number of rounds.
 
     The run restarts from its last checkpoint (round 0 when it has none, reusing its
@@ -239,13 +244,13 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | 
     run = RunDir(path)
     try:
         with sigterm_as_interrupt():
-            return _resume(path, run, progress, device, federation_factory)
+            return _resume(path, run, progress, device, federation_factory, hooks)
     finally:
         run.close()
 
 
 def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
-            federation_factory: FederationFactory | None = None) -> dict[str, Any]:
+            federation_factory: FederationFactory | None = None, hooks: RunHooks | None = None) -> dict[str, Any]:
     """:func:`resume_experiment` with ``path`` locked by ``run``."""
     config_path = path / "config.toml"
     if (path / "summary.json").exists():
@@ -288,7 +293,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     log.warning("resuming %s at round %d of %d", path, done, cfg.rounds)
     resumed = {"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
                "torch_threads": torch.get_num_threads(), "kernels": kernel_fingerprint()}
-    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory, resumed)
+    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory, resumed, hooks)
 
 
 def chunk_record(cfg: RunConfig, engine: object) -> dict[str, Any]:
@@ -313,7 +318,7 @@ def chunk_record(cfg: RunConfig, engine: object) -> dict[str, Any]:
 
 def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup, ckpt: Checkpoint | None,
            start: float, progress: bool, federation_factory: FederationFactory | None = None,
-           resumed: dict[str, Any] | None = None) -> dict[str, Any]:
+           resumed: dict[str, Any] | None = None, hooks: RunHooks | None = None) -> dict[str, Any]:
     """The round loop with evaluation, logging and checkpoints, then the final files.
 
     The engine's chunking (:func:`chunk_record`, machine-dependent) goes to ``environment.json``
@@ -373,7 +378,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             record["wall_clock_s"] = time.perf_counter() - loop_start
             if eval_due(rec.round, cfg):
                 copy_buffers(evaluator, engine.model)
-                entry = _evaluation(cfg, evaluator, theta_new, data, rec, totals, loop_start)
+                entry = evaluation_entry(cfg, evaluator, theta_new, data, rec, totals, loop_start)
                 record["time_eval_s"] = entry["time_eval_s"]
                 run.metrics.append(entry)
                 last_eval.clear()
@@ -391,13 +396,20 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
                 latest["buffers"] = engine.buffer_snapshot()
             if checkpoint_due(rec.round, cfg):
                 checkpoint(rec.round, theta_new, state_new, offsets)
+            if hooks is not None and hooks.on_round is not None:
+                seen = {**record, **({"evaluation": dict(last_eval)} if eval_due(rec.round, cfg) else {})}
+                if hooks.on_round(rec.round, seen) is True and rec.round < cfg.rounds:
+                    raise _StopRun
 
+        rounds_done = cfg.rounds
         try:
             theta, _ = run_rounds(
                 setup.algorithm, engine, data, theta, cfg.rounds - done, cfg.train.clients_per_round,
                 cfg.seed, "train", on_round, start_round=done, state=state, faults=faults, validation=cfg.validation,
                 federation_factory=federation_factory, aggregation=cfg.train.aggregation,
             )
+        except _StopRun:
+            theta, rounds_done = latest["theta"], latest["round"]
         except BaseException:
             # Interrupted or failed: keep every fully written round.
             if cfg.checkpoint.enabled and latest and latest["round"] > saved["round"]:
@@ -414,91 +426,14 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         loop_seconds = time.perf_counter() - loop_start
         set_flat(evaluator, theta)
         copy_buffers(evaluator, engine.model)
-        buffer = io.BytesIO()
-        cpu_state = {k: v.detach().cpu() for k, v in evaluator.user_state_dict().items()}  # loadable without a GPU
-        torch.save({"state_dict": cpu_state, "round": cfg.rounds}, buffer)
-        write_atomic_with(run.path / "model.pt", lambda fh: _write_bytes(fh, buffer.getvalue()))
+        write_model(run.path / "model.pt", evaluator, rounds_done)
         summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start,
-                            describe_metrics(data.task_names, data.objective))
+                            describe_metrics(data.task_names, data.objective), rounds_done)
+        if federation_factory is None:  # the engine that ran (a model vmap cannot run falls back to sequential)
+            summary["engine"] = "batched" if hasattr(engine, "chunk") else "sequential"
         run.write_json("summary.json", summary)
         # The run is complete: model.pt and summary.json replace the checkpoint.
         (run.path / CHECKPOINT_FILE).unlink(missing_ok=True)
         return summary
     finally:
         run.close()
-
-
-def restore_buffers(engine: Any, buffers: list[torch.Tensor], path: Path) -> None:
-    """Load a checkpoint's global buffers into the engine (refused when they do not fit the model)."""
-    shapes = [tuple(b.shape) for b in engine.buffers]
-    if [tuple(b.shape) for b in buffers] != shapes:
-        raise ResumeError(f"{path}: the checkpoint holds {len(buffers)} model buffers that do not fit the model's "
-                          f"{len(shapes)}; delete checkpoint.pt to restart the run from round 0")
-    engine.load_buffers([b.to(device=dst.device, dtype=dst.dtype) for b, dst in zip(buffers, engine.buffers)])
-
-
-def _evaluation(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, data: FederatedData,
-                rec: RoundRecord, totals: RunTotals, loop_start: float) -> dict[str, Any]:
-    """The ``metrics.jsonl`` entry of an evaluated round."""
-    t0 = time.perf_counter()
-    entry = {"round": rec.round, **evaluate(cfg, evaluator, theta, data)}
-    t_eval = time.perf_counter() - t0
-    totals.time_eval_s += t_eval
-    entry.update({
-        "weights": rec.log.get("weights"),
-        "sync_stages": rec.sync_stages,
-        "bytes_down_per_client_round": rec.bytes_down,
-        "bytes_up_per_client_round": rec.bytes_up,
-        "dropped_clients": totals.dropped_clients,
-        "rejected_clients": totals.rejected_clients,
-        "skipped_rounds": totals.skipped_rounds,
-        "time_client_s": rec.time_client_s,
-        "time_server_s": rec.time_server_s,
-        "time_eval_s": t_eval,
-        "wall_clock_s": time.perf_counter() - loop_start,
-    })
-    return entry
-
-
-def summarize(cfg: RunConfig, setup: MethodSetup, task_names: tuple[str, ...], last_eval: dict[str, Any],
-              totals: RunTotals, loop_seconds: float, total_seconds: float,
-              task_metrics: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``summary.json``: final evaluation, cost and, for FedHV, reference diagnostics.
-
-    ``task_metrics`` names each task's score (metric, direction, whether it enters MeanAcc);
-    ``hv_reference`` records the HV offsets used.
-
-    ``end_to_end`` adds the calibration cost to the adaptive rounds (paper Appendix D).
-    """
-    summary: dict[str, Any] = {
-        "setting": cfg.setting,
-        "method": cfg.method,
-        "seed": cfg.seed,
-        "rounds": cfg.rounds,
-        "engine": cfg.engine,
-        "tasks": list(task_names),
-        "final_eval_round": last_eval.get("round"),
-        **{k: last_eval.get(k) for k in SUMMARY_EVAL_KEYS},
-        "task_metrics": task_metrics,
-        "hv_reference": hv_reference(cfg.eval.hv_reference, len(task_names)),
-        "wall_clock_s": loop_seconds,
-        "seconds_per_round": loop_seconds / cfg.rounds,
-        **totals.cost(),
-    }
-    end_to_end = {"wall_clock_s": loop_seconds, "bytes_down": totals.bytes_down, "bytes_up": totals.bytes_up,
-                  "rounds": cfg.rounds}
-    if setup.reference is not None:
-        summary["reference"] = setup.reference
-        summary["reference_source"] = setup.reference_source
-        summary["min_report_slack"] = totals.min_report_slack
-        summary["floor_activations"] = totals.floor_activations
-        summary["floor_checks"] = cfg.rounds * len(task_names)
-    if setup.calibration is not None:
-        cal = setup.calibration
-        summary["calibration"] = {"rounds": cal.rounds, "seconds": cal.seconds, "bytes_down": cal.bytes_down,
-                                  "bytes_up": cal.bytes_up}
-        end_to_end = {"wall_clock_s": loop_seconds + cal.seconds, "bytes_down": totals.bytes_down + cal.bytes_down,
-                      "bytes_up": totals.bytes_up + cal.bytes_up, "rounds": cfg.rounds + cal.rounds}
-    summary["end_to_end"] = end_to_end
-    summary["wall_clock_total_s"] = total_seconds
-    return summary

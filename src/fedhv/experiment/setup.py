@@ -81,11 +81,13 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     The initialisation is drawn on the CPU and the model then moved to ``cfg.device``,
     so every device starts from the same parameters.
     """
-    if user_benchmark(cfg.data.benchmark) is not None:
+    ub = user_benchmark(cfg.data.benchmark)
+    if ub is not None:
         model = user_model(cfg.data.benchmark, data)
     else:
         model = build_model(BENCHMARKS.get(cfg.data.benchmark).model, data.num_classes)
-    default_init(model, torch_generator(seed, "model-init"))
+    if ub is None or ub.initialise:  # else theta^0 is the user's module's own (fedhv.simulate)
+        default_init(model, torch_generator(seed, "model-init"))
     return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
 
 

@@ -145,8 +145,9 @@ def _saved_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size
              for s, f in model.dropout_sites().items()}
     fused = getattr(model, "forward_batched", None)
     if fused is None:
-        def single(p: dict[str, torch.Tensor], xb: torch.Tensor, mb: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-            return functional_call(model, p, (xb, mb))
+        def single(p: dict[str, torch.Tensor], xb: torch.Tensor, mb: dict[str, torch.Tensor],
+                   b: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+            return functional_call(model, {**p, **(b or {})}, (xb, mb))
         fused = vmap(single)
     storages: dict[int, int] = {}
 
@@ -155,11 +156,14 @@ def _saved_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size
         storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
         return t
 
+    # private batched buffers, as the engine passes them: the model's own (BatchNorm statistics) stay untouched
+    buffers = {n: b.detach().unsqueeze(0).clone() for n, b in model.named_buffers()}
+    extra = (buffers,) if buffers else ()
     was = model.training
     model.train()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fused(params, x, masks)
+            fused(params, x, masks, *extra)
     finally:
         model.train(was)
     return sum(storages.values())

@@ -74,6 +74,7 @@ class ModuleAdapter(MultiTaskModel):
         self.module = copy.deepcopy(module)
         self.task_names = task_names
         self.head_prefix = f"module.{heads}."
+        self.heads_name = heads
         self._box = _MaskBox()
         drops = [(n, m) for n, m in self.module.named_modules() if type(m) is nn.Dropout and m.p > 0]
         probs = sorted({m.p for _, m in drops})
