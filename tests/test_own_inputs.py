@@ -207,3 +207,35 @@ def test_recycling_warning_names_the_dry_strata_and_disjoint_partition_shares_no
     flat = sorted(i for r in rows for i in r)
     assert flat == list(range(400))  # every sample exactly once
     assert len({len(r) for r in rows}) > 1  # sizes follow the draws
+
+
+def test_a_python_run_interrupted_mid_run_resumes_from_python_to_the_same_model(tmp_path) -> None:
+    x, y, v = _xy(160)
+    data = fedhv.FederatedDataset.from_tensors(x.double(), [y, v], TASKS, clients=5, alpha=1.0,
+                                               test=(x[:40].double(), [y[:40], v[:40]]))
+    kw = dict(rounds=6, clients_per_round=3, local_steps=2, batch_size=8, lr_local=0.05, eval_every=2,
+              progress=False)
+    torch.manual_seed(0)
+    model = MLP().double()
+    whole = fedhv.simulate(model, data, fedhv.FedHV(calibration_rounds=2), out=tmp_path / "whole", **kw)
+
+    def crash(rnd: int, record: dict) -> None:
+        if rnd == 3:
+            raise KeyboardInterrupt  # a crash after round 3 (round 2's evaluation was checkpointed)
+
+    with pytest.raises(KeyboardInterrupt):
+        fedhv.simulate(model, data, fedhv.FedHV(calibration_rounds=2), out=tmp_path / "cut", callback=crash, **kw)
+    assert not (tmp_path / "cut" / "summary.json").exists() and (tmp_path / "cut" / "checkpoint.pt").exists()
+    with pytest.raises(fedhv.ConfigError, match=r"differ from the run's config.toml in \['rounds'\]"):
+        fedhv.simulate(model, data, fedhv.FedHV(calibration_rounds=2), resume=tmp_path / "cut",
+                       **{**kw, "rounds": 7})
+    other = fedhv.FederatedDataset.from_tensors(x.double() + 1, [y, v], TASKS, clients=5, alpha=1.0,
+                                                test=(x[:40].double(), [y[:40], v[:40]]))
+    with pytest.raises(fedhv.ConfigError, match="the data differs from the run's"):
+        fedhv.simulate(model, other, fedhv.FedHV(calibration_rounds=2), resume=tmp_path / "cut", **kw)
+    done = fedhv.simulate(model, data, fedhv.FedHV(calibration_rounds=2), resume=tmp_path / "cut", **kw)
+    assert [r["round"] for r in done.rounds] == list(range(1, 7))
+    for a, b in zip(done.model.state_dict().values(), whole.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert done.evaluations == [{**e, **{k: d[k] for k in e if k.startswith(("time_", "wall"))}}
+                                for e, d in zip(whole.evaluations, done.evaluations)]

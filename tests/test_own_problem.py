@@ -188,3 +188,17 @@ def test_scale_free_variant_changes_the_weights_and_the_default_does_not() -> No
     assert paper.rounds[1]["weights"] == pytest.approx(hv_weights(paper.rounds[0]["report"], paper.reference).weights
                                                        .tolist(), rel=1e-9)
     assert free.rounds[1]["weights"] != pytest.approx(paper.rounds[1]["weights"], rel=1e-3)
+
+
+def test_table_8_names_the_hv_offsets_the_runs_used(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = _data()
+    _run(data, hv_reference=[3.0, 50.0], out=tmp_path / "runs" / "r", rounds=1, name="mixed")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path / "runs"), "--table", "8"],
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "r_eval = [3, 50]" in done.stdout and "eval.hv_reference" in done.stdout

@@ -90,6 +90,9 @@ def _base_config(model: nn.Module, data: FederatedDataset, name: str, rounds: in
                           "runs the forward passes in bfloat16)")
     if precision not in PRECISIONS:
         raise ConfigError(f"precision = {precision!r} is unknown; use " + " or ".join(f'"{p}"' for p in PRECISIONS))
+    if precision == "bf16" and dtype != torch.float32:
+        raise ConfigError(f"precision = \"bf16\" needs a float32 model (its parameters are {dtype}); call "
+                          "model.float() or use precision = \"fp32\"")
     if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
         raise ConfigError(f"eval_every = {eval_every!r} must be an integer >= 1 (evaluate every n rounds)")
     for key in ("local_steps", "batch_size"):
