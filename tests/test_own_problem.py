@@ -202,3 +202,65 @@ def test_table_8_names_the_hv_offsets_the_runs_used(tmp_path) -> None:
                           capture_output=True, text=True, timeout=60, check=False, env=env)
     assert done.returncode == 0, done.stderr
     assert "r_eval = [3, 50]" in done.stdout and "eval.hv_reference" in done.stdout
+
+
+def test_flower_back_end_refuses_a_model_with_buffers_before_round_one(tmp_path) -> None:
+    """The Flower back-end federates parameters only: a BatchNorm model is refused, not run with stale
+    statistics (the factory is never called)."""
+    from fedhv.api.simulate import _base_config, _benchmark, _train_keys
+    from fedhv.data.user import registered
+    from fedhv.experiment.runner import run_experiment
+
+    data = _data()
+    model = BNNet()
+    train = _train_keys(2, 8, 0.05, 0.0, "sgd", None, None, None, "mean")
+    cfg = fedhv.Uniform().configure(_base_config(model, data, "bn", 2, 2, train, 0, "sequential", "fp32", None, 1,
+                                                 3.0))
+    called = []
+    with registered(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu")), \
+            pytest.raises(fedhv.ConfigError, match="the Flower back-end federates parameters only"):
+        run_experiment(cfg, tmp_path / "r", progress=False, federation_factory=lambda *a: called.append(a))
+    assert not called and not (tmp_path / "r" / "rounds.jsonl").read_text().strip()
+
+
+class TokenBag(nn.Module):
+    """Token ids into an embedding, heads in an nn.ModuleDict keyed by task name, dict outputs."""
+
+    def __init__(self, keys: tuple[str, str] = ("cls", "avg")) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.heads = nn.ModuleDict({keys[0]: nn.Linear(8, 3), keys[1]: nn.Linear(8, 1)})
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.emb(x).mean(1)
+        return {task: m(h) for task, m in zip(("cls", "avg"), self.heads.values())}
+
+
+def _tokens() -> fedhv.FederatedDataset:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 20, (200, 6), generator=g)
+    tasks = [fedhv.Task("cls", size=3, loss=nn.CrossEntropyLoss()), fedhv.Task("avg", "regression", 1)]
+    return fedhv.FederatedDataset.from_tensors(tokens, [tokens[:, 0] % 3, tokens.float().mean(1, keepdim=True) / 20],
+                                               tasks, partition="ids", ids=tokens[:, 1] % 7)
+
+
+def test_token_ids_and_module_dict_heads_split_by_task_name(caplog) -> None:
+    from fedhv.api.simulate import _base_config, _benchmark, _train_keys
+    from fedhv.data.user import registered
+    from fedhv.experiment.methods import _slices
+    from fedhv.experiment.setup import federated_data
+
+    data = _tokens()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hist = fedhv.simulate(TokenBag(), data, fedhv.FSMGDA(), rounds=2, clients_per_round=3, batch_size=8,
+                              local_steps=2, progress=False)
+    assert hist.engine == "batched" and "cannot estimate" not in caplog.text  # the memory probe takes int inputs
+    train = _train_keys(2, 8, 0.1, 0.0, "sgd", None, None, None, "mean")
+    model = TokenBag()
+    cfg = fedhv.FSMGDA().configure(_base_config(model, data, "t", 1, 3, train, 0, "batched", "fp32", None, 1, 3.0))
+    with registered(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu")):
+        slices = _slices(cfg, federated_data(cfg))
+    assert [len(h) for h in slices.heads] == [8 * 3 + 3, 8 + 1]  # each task's own head, by name
+    with pytest.raises(fedhv.ConfigError, match=r"nn.ModuleDict keyed \['a', 'b'\]; key it by the task names"):
+        fedhv.simulate(TokenBag(("a", "b")), data, fedhv.FSMGDA(), rounds=1, progress=False)

@@ -200,6 +200,19 @@ def test_example_user_benchmark_grid_then_table_shows_the_runs_numbers(tmp_path:
             assert float(row["std"]) == pytest.approx(statistics.stdev(values), abs=1e-12)
             assert row["n_seeds"] == "2"
     assert summaries[0]["mean_acc"] > 50.0  # two binary-or-better tasks, chance is 37.5 % on average
+    # model.pt holds the user's module's own keys (issue 27: before, a "module." prefix), loadable as documented
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from mypkg.tasks import MLP  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    stored = torch.load(out / "toy" / "fedhv" / "s0" / "model.pt", weights_only=True)
+    assert stored["round"] == 4
+    MLP().load_state_dict(stored["state_dict"])  # strict: the same keys
 
 
 def _installed(site: Path, name: str) -> None:

@@ -78,12 +78,21 @@ def check_lengths(n: int, parts: Sequence[torch.Tensor], tasks: Sequence, what: 
                               "row of x")
 
 
-def check_heads(module: nn.Module, heads: str, num_tasks: int, needed: bool, explicit: bool) -> None:
+def head_keys(container: nn.Module, task_names: Sequence[str]) -> list[str]:
+    """The submodule names of each task's head in ``container``, in task order: ``"0", "1", ...`` for an
+    ``nn.ModuleList`` / ``nn.Sequential``, the task names for an ``nn.ModuleDict``."""
+    if isinstance(container, nn.ModuleDict):
+        return list(task_names)
+    return [str(i) for i in range(len(task_names))]
+
+
+def check_heads(module: nn.Module, heads: str, num_tasks: int, needed: bool, explicit: bool,
+                task_names: Sequence[str] | None = None) -> None:
     """The per-task head container ``module.<heads>`` (FSMGDA / FedCMOO split encoder and heads there).
 
     Refused when the attribute is missing or does not hold one head per task and the method
     needs it (``needed``) or the caller named it (``explicit``); a model without heads is fine
-    for FedHV and Uniform.
+    for FedHV and Uniform. An ``nn.ModuleDict`` must be keyed by the task names.
     """
     if not (needed or explicit):
         return
@@ -97,6 +106,9 @@ def check_heads(module: nn.Module, heads: str, num_tasks: int, needed: bool, exp
     if count != num_tasks:
         raise ConfigError(f"heads = {heads!r} is a {type(found).__name__} with {count if count is not None else 'no'} "
                           f"indexed heads for {num_tasks} tasks; use an nn.ModuleList with one head per task")
+    if isinstance(found, nn.ModuleDict) and task_names is not None and set(found.keys()) != set(task_names):
+        raise ConfigError(f"heads = {heads!r} is an nn.ModuleDict keyed {list(found.keys())}; key it by the task "
+                          f"names {list(task_names)} (or use an nn.ModuleList in task order)")
     empty = [i for i, h in enumerate(found.children()) if not any(True for _ in h.parameters())]
     if empty:
         raise ConfigError(f"heads = {heads!r}: heads {empty} have no parameters; every task needs its own head")

@@ -191,7 +191,7 @@ def user_model(name: str, data: FederatedData) -> MultiTaskModel:
     if first is None:
         raise ConfigError(f"data.benchmark = {name!r}: the model has no parameters; pass an nn.Module with trainable "
                           "parameters")
-    check_heads(module, ub.heads, data.num_tasks, False, explicit=ub.heads != "heads")
+    check_heads(module, ub.heads, data.num_tasks, False, explicit=ub.heads != "heads", task_names=data.task_names)
     x = data.train_x.to("cpu")
     x = x.to(first.dtype) if x.is_floating_point() else x
     adapter = ModuleAdapter(module, data.task_names, x[:2], ub.heads)

@@ -19,7 +19,7 @@ import torch
 
 from fedhv import methods as api
 from fedhv.algorithms.base import Algorithm
-from fedhv.checks import check_heads
+from fedhv.checks import check_heads, head_keys
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
@@ -138,9 +138,11 @@ def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
     per task in its ``heads`` submodule (:func:`fedhv.checks.check_heads`)."""
     model = new_model(cfg, data, cfg.seed)
     user = getattr(model, "module", None)
+    keys = None
     if isinstance(user, torch.nn.Module) and hasattr(model, "heads_name"):
-        check_heads(user, model.heads_name, data.num_tasks, needed=True, explicit=False)
-    return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix).to(cfg.device)
+        check_heads(user, model.heads_name, data.num_tasks, needed=True, explicit=False, task_names=data.task_names)
+        keys = head_keys(getattr(user, model.heads_name), data.task_names)
+    return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix, keys).to(cfg.device)
 
 
 @METHODS.register("fsmgda")

@@ -155,7 +155,9 @@ def choose_engine_chunk(cfg: RunConfig, model: MultiTaskModel, data: FederatedDa
     when the model cannot run the meta-device dry forward of :mod:`fedhv.sim.memory`.
     """
     try:
-        choice = auto_chunk(model, tuple(data.train_x.shape[1:]), cfg.train.batch_size, cfg.precision, available)
+        x = data.train_x
+        choice = auto_chunk(model, tuple(x.shape[1:]), cfg.train.batch_size, cfg.precision, available,
+                            None if x.is_floating_point() else x.dtype)
     except Exception as exc:  # noqa: BLE001 - any failure of the estimate means: no automatic chunk
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         log.warning("engine_chunk auto: cannot estimate this model's memory (%s); all copies at once "

@@ -110,13 +110,16 @@ class TaskSlices:
     heads: tuple[torch.Tensor, ...]
 
     @classmethod
-    def of(cls, layout: ParamLayout, num_tasks: int, head_prefix: str = "heads.") -> TaskSlices:
+    def of(cls, layout: ParamLayout, num_tasks: int, head_prefix: str = "heads.",
+           keys: list[str] | None = None) -> TaskSlices:
+        """Head ``t`` is every parameter under ``head_prefix + keys[t] + "."`` (default keys ``"0", "1", ...``)."""
         def positions(ranges: list[tuple[int, int]]) -> torch.Tensor:
             if not ranges:
                 return torch.zeros(0, dtype=torch.long)
             return torch.cat([torch.arange(a, b) for a, b in ranges])
 
-        heads = tuple(positions(layout.slice_of(f"{head_prefix}{t}.")) for t in range(num_tasks))
+        names = keys if keys is not None else [str(t) for t in range(num_tasks)]
+        heads = tuple(positions(layout.slice_of(f"{head_prefix}{k}.")) for k in names)
         in_head = torch.zeros(layout.size, dtype=torch.bool)
         for h in heads:
             in_head[h] = True

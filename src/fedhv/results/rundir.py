@@ -379,8 +379,9 @@ class RunDir:
                 raise RunDirError(f"--out {where} already holds a finished run ({files}); choose a new directory, "
                                   "or pass --overwrite to replace it")
             if python_run:
-                raise RunDirError(f"out={str(where)!r} holds an unfinished fedhv.simulate run ({files}); pass "
-                                  "overwrite=True to replace it or choose a new directory")
+                raise RunDirError(f"out={str(where)!r} holds an unfinished fedhv.simulate run ({files}); continue "
+                                  f"it with fedhv.simulate(..., resume={str(where)!r}), pass overwrite=True to "
+                                  "replace it, or choose a new directory")
             raise RunDirError(f"--out {where} already holds an unfinished run ({files}); continue it with "
                               f"`fedhv run --resume {where}` or choose a new directory")
         if not finished and not python_run:

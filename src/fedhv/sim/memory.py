@@ -136,11 +136,12 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
     return host if cgroup is None else min(host, cgroup)
 
 
-def _saved_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size: int, dtype: torch.dtype) -> int:
+def _saved_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size: int, dtype: torch.dtype,
+                 input_dtype: torch.dtype | None = None) -> int:
     """Bytes of the distinct storages autograd saves in one copy's forward on ``batch_size`` samples."""
     device = next(model.parameters()).device
     params = {n: p.detach().unsqueeze(0).to(dtype).clone().requires_grad_(True) for n, p in model.named_parameters()}
-    x = torch.zeros((1, batch_size, *input_shape), dtype=dtype, device=device)
+    x = torch.zeros((1, batch_size, *input_shape), dtype=input_dtype or dtype, device=device)  # int: token ids
     masks = {s: torch.ones((1, batch_size, f), dtype=torch.bool, device=device)
              for s, f in model.dropout_sites().items()}
     fused = getattr(model, "forward_batched", None)
@@ -170,7 +171,7 @@ def _saved_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size
 
 
 def saved_activation_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size: int,
-                           dtype: torch.dtype) -> int:
+                           dtype: torch.dtype, input_dtype: torch.dtype | None = None) -> int:
     """Bytes autograd saves in one copy's training forward on a ``batch_size`` batch.
 
     Measured, not guessed: the batched engine's forward (``forward_batched``, or ``vmap``
@@ -186,9 +187,10 @@ def saved_activation_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], 
     """
     key = (type(model).__qualname__, tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
            tuple(sorted(model.dropout_sites().items())), tuple(input_shape), dtype, str(next(model.parameters()).device),
-           native.enabled())  # the compiled kernels save less than PyTorch's layers
+           native.enabled(), input_dtype)  # the compiled kernels save less than PyTorch's layers
     if key not in _SAVED:
-        _SAVED[key] = (_saved_bytes(model, input_shape, 1, dtype), _saved_bytes(model, input_shape, 2, dtype))
+        _SAVED[key] = (_saved_bytes(model, input_shape, 1, dtype, input_dtype),
+                       _saved_bytes(model, input_shape, 2, dtype, input_dtype))
     one, two = _SAVED[key]
     return one + (batch_size - 1) * max(two - one, 0)
 
@@ -198,7 +200,7 @@ _SAVED: dict[tuple[object, ...], tuple[int, int]] = {}
 
 
 def copy_step_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size: int,
-                    dtype: torch.dtype, precision: str = "fp32") -> int:
+                    dtype: torch.dtype, precision: str = "fp32", input_dtype: torch.dtype | None = None) -> int:
     """Estimated bytes of one model copy's local step (module docstring: ``b``)."""
     size = torch.empty((), dtype=dtype).element_size()
     d = sum(p.numel() for p in model.parameters())
@@ -208,16 +210,18 @@ def copy_step_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_s
     total = size * (4 * d + 2 * batch_size * sample)
     # Under autocast the compiled kernels step aside (fedhv.models.native): PyTorch's layers save more.
     with contextlib.nullcontext() if precision == "fp32" else native.disabled():
-        total += 2 * saved_activation_bytes(model, input_shape, batch_size, dtype)
+        total += 2 * saved_activation_bytes(model, input_shape, batch_size, dtype, input_dtype)
     if precision == "bf16":
         total += 2 * d
     return total
 
 
 def auto_chunk(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size: int,
-               precision: str = "fp32", available: int | None = None) -> ChunkChoice:
-    """The automatic chunk for ``model`` on its device (``available``: measured when None)."""
+               precision: str = "fp32", available: int | None = None,
+               input_dtype: torch.dtype | None = None) -> ChunkChoice:
+    """The automatic chunk for ``model`` on its device (``available``: measured when None; ``input_dtype``:
+    integer inputs such as token ids, else the model's dtype)."""
     first = next(model.parameters())
-    step = copy_step_bytes(model, input_shape, batch_size, first.dtype, precision)
+    step = copy_step_bytes(model, input_shape, batch_size, first.dtype, precision, input_dtype)
     free = available_bytes(first.device) if available is None else available
     return choose_chunk(step, free)
