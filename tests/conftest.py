@@ -57,6 +57,9 @@ def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     (their base folders ``popen-gwN`` sit in one session folder), so the CIFAR-10 JPEGs are
     decoded once per session, not once per worker (``fedhv.data.cache`` locks each build)."""
     os.environ["FEDHV_DATA"] = str(DATA_ROOT)
+    # user benchmarks of the tests (bn_benchmark:make_benchmark) import in every process, Flower nodes included
+    tests = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         _one_thread_per_worker()
     _keep_freed_memory()

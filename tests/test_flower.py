@@ -63,6 +63,56 @@ def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_pat
     assert summary["rounds"] == 3 and summary["mean_acc"] is not None
 
 
+#: A user benchmark with BatchNorm (tests/bn_benchmark.py) over 3 nodes, float64, sequential engine.
+BN_CONFIG = """
+setting = "bn"
+method = "fedhv"
+rounds = 3
+seed = 1
+dtype = "float64"
+engine = "sequential"
+[data]
+benchmark = "bn_benchmark:make_benchmark"
+[partition]
+clients = 3
+samples_per_client = 120
+alpha = 0.5
+[train]
+clients_per_round = 2
+batch_size = 16
+local_steps = 3
+[calibration]
+rounds = 2
+[eval]
+test_period = 1
+[lr.fedhv]
+global = 1.0
+local = 0.05
+"""
+
+
+@needs_flwr
+def test_flower_federates_batchnorm_buffers_like_the_simulator(flower_deployment: Deployment, tmp_path: Path) -> None:
+    """Issue 27: the global buffers travel with the model, the nodes return theirs after training and
+    the server averages them; the final model (parameters and BatchNorm statistics) equals the
+    simulator's."""
+    from fedhv.config import load_config
+
+    path = tmp_path / "bn.toml"
+    path.write_text(BN_CONFIG)
+    cfg = load_config(str(path), [])
+    flower = flower_deployment.submit(cfg, tmp_path / "flower")
+    sim = tmp_path / "sim"
+    run_experiment(cfg, sim, progress=False)
+    got, want = (torch.load(d / "model.pt", weights_only=True)["state_dict"] for d in (flower, sim))
+    assert float(want["encoder.2.running_mean"].abs().sum()) > 0.05  # the statistics moved
+    assert int(want["encoder.2.num_batches_tracked"]) == 3 * 3  # 3 rounds x 3 local steps
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-10, msg=name)
+    for a, b in zip(rounds_of(flower), rounds_of(sim)):
+        assert a["clients"] == b["clients"]
+
+
 @needs_flwr
 def test_failed_server_app_is_an_error(flower_deployment: Deployment, tmp_path: Path) -> None:
     """``flwr run`` exits 0 when the ServerApp fails; the deployment still reports the failure."""

@@ -58,6 +58,8 @@ class ClientReply:
     report: Any = None
     gradients: Any = None
     deltas: Any = None
+    #: Model buffers after training (Flower nodes of a model with buffers), not validated here.
+    buffers: Any = None
 
 
 @dataclass(frozen=True)

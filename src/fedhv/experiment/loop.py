@@ -150,6 +150,8 @@ def run_rounds(
                                        aggregation)
         else:
             federation = federation_factory(clients, t, seed, stream)
+            if engine.buffers:  # the back-end federates the model's buffers through the engine's (Flower)
+                federation.global_buffers = engine
         synchronize(engine.device)  # clock reads wait for the device's queued work
         t0 = time.perf_counter()
         skipped = False

@@ -329,10 +329,10 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         model = new_model(cfg, data, cfg.seed)
         evaluator = new_model(cfg, data, cfg.seed).eval()
         engine = make_engine(cfg, model, data, cfg.seed, stream="train")
-        if federation_factory is not None and engine.buffers:
-            raise ConfigError(f"the model has buffers ({', '.join(engine.buffer_names[:3])}, ...): the Flower back-end "
-                              "federates parameters only; run it in the simulator (which federates buffers) or use "
-                              "a buffer-free normalisation (GroupNorm, LayerNorm)")
+        if federation_factory is not None and engine.buffers and cfg.flower.secure_aggregation:
+            raise ConfigError(f"the model has buffers ({', '.join(engine.buffer_names[:3])}, ...): secure aggregation "
+                              "returns only the mean of the masked updates, not the clients' buffers; set "
+                              "flower.secure_aggregation = false or use a buffer-free normalisation (GroupNorm)")
         chunking = {} if federation_factory is not None else {"engine_chunk": chunk_record(cfg, engine)}
         if resumed is None:  # (a federation's clients train elsewhere: nothing to record)
             if chunking:

@@ -25,7 +25,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from fedhv.flower.node import NodeError, config_sha, worker_for
-from fedhv.flower.protocol import HELD, HELLO, MODEL, NODE, as_int, model_sha, result_content, stage_order
+from fedhv.flower.protocol import (
+    HELD,
+    HELLO,
+    MODEL,
+    NODE,
+    as_int,
+    content_buffers,
+    model_sha,
+    result_content,
+    stage_order,
+)
 from fedhv.flower.secure_client import is_secure, requires_secure, secure_stage
 
 app = ClientApp()
@@ -94,7 +104,7 @@ def stage(msg: Message, context: Context) -> Message:
             and str(meta["stream"]) == order.stream and as_int(meta["seed"], "seed") == order.seed
             and meta.get("model-sha") == fields["model-sha"] and meta.get("config-sha") == fields["config-sha"]):
         grads = torch.from_numpy(held["gradients"].numpy())
-    result = worker.serve(theta, order, grads)
+    result = worker.serve(theta, order, grads, content_buffers(msg.content))
     keep = {"theta": Array(theta.numpy())}
     if result.gradients is not None:
         keep["gradients"] = Array(np.ascontiguousarray(result.gradients))

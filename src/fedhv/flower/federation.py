@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -158,6 +159,9 @@ class FlowerFederation(FederationAccounting):
         self.num_tasks, self.timeout = num_tasks, timeout
         self.max_update_norm, self.max_norm_ratio = max_update_norm, max_norm_ratio
         self.faults = faults or no_faults()
+        #: The engine holding the global model buffers (set by run_rounds for a model with buffers): sent
+        #: with the model, replaced by the mean of the valid replies' buffers after a training stage.
+        self.global_buffers: Any = None
         self._gradients: torch.Tensor | None = None  # [k, T, d] of the last gradient stage, in _clients order
         self._held_clients: list[int] = []
 
@@ -201,13 +205,27 @@ class FlowerFederation(FederationAccounting):
     def _stage_contents(self, theta: torch.Tensor, request: Request) -> Iterator[tuple[int, int, RecordDict]]:
         """``(client, node, content)`` of this stage for every remaining client; a client whose
         partition no SuperNode holds is dropped."""
+        g = self.global_buffers
+        buffers = g.buffer_snapshot() if g is not None and g.buffers and request.send_model else None
         for c in self._clients.tolist():
             node = self.nodes.node(c)
             if node is None:
                 self._drop(c, "no SuperNode holds its partition")
                 continue
             yield c, node, stage_content(theta, request, self.round_idx, self.seed, self.stream, self.sha, c,
-                                         self.num_tasks, self.stages + 1)  # the simulator's stage key
+                                         self.num_tasks, self.stages + 1, buffers)  # the simulator's stage key
+
+    def _merge_buffers(self, valid: list[ClientReply]) -> None:
+        """Global buffers <- mean of the valid training replies' buffers (those that fit the model)."""
+        g = self.global_buffers
+        if g is None or not g.buffers:
+            return
+        sizes = [b.numel() for b in g.buffers]  # (a 0-d buffer may arrive as [1])
+        sent = [r.buffers for r in valid if r.buffers is not None and [np.size(b) for b in r.buffers] == sizes]
+        if not sent:
+            return
+        g.merge_buffers([torch.stack([torch.as_tensor(np.asarray(b[j])).reshape(g.buffers[j].shape) for b in sent])
+                         .to(g.buffers[j].device) for j in range(len(sizes))])
 
     def _collect(self, replies: Iterable[Message], sent_to: dict[int, int]) -> dict[int, ClientReply]:
         got: dict[int, ClientReply] = {}
@@ -255,6 +273,8 @@ class FlowerFederation(FederationAccounting):
             self._clients = self._clients[:0]
             raise NoValidReplies(self.dropped, self.rejected)
         out = stack_replies(valid, spec, theta)
+        if out.deltas is not None:
+            self._merge_buffers(valid)
         self._clients = out.clients
         if out.gradients is not None:
             self._gradients = out.gradients

@@ -103,6 +103,7 @@ class StageResult:
     report: np.ndarray | None = None
     gradients: np.ndarray | None = None
     deltas: np.ndarray | None = None
+    buffers: list[np.ndarray] | None = None  # the model's buffers after training (models with buffers)
 
 
 class NodeWorker:
@@ -178,11 +179,20 @@ class NodeWorker:
                                 batch_size=c.train.batch_size, lr_local=c.lr_local, momentum=c.train.momentum,
                                 seed=seed, stream=stream, precision=c.precision, local=local_training(c))
 
-    def serve(self, theta: torch.Tensor, order: StageOrder, held: torch.Tensor | None) -> StageResult:
+    def serve(self, theta: torch.Tensor, order: StageOrder, held: torch.Tensor | None,
+              buffers: list[np.ndarray] | None = None) -> StageResult:
         """Run one stage at ``theta``; ``held`` = this node's gradients ``[T', d]`` of the round's last
-        gradient stage (needed when ``order.first_step_held``)."""
+        gradient stage (needed when ``order.first_step_held``); ``buffers``: the global model buffers
+        (loaded first; after training the node's own are returned)."""
         e = self.engine(order.seed, order.stream)
         theta = theta.to(device=e.device, dtype=e.dtype)
+        if buffers is not None and e.buffers:
+            # (sizes, not shapes: a 0-d buffer such as num_batches_tracked may arrive as [1])
+            if [np.size(b) for b in buffers] != [b.numel() for b in e.buffers]:
+                raise NodeError(f"round {order.round + 1}: the server sent {len(buffers)} model buffers that do not "
+                                f"fit this node's model ({len(e.buffers)}); the node and server models differ")
+            e.load_buffers([torch.from_numpy(np.asarray(b)).reshape(d.shape).to(device=d.device, dtype=d.dtype)
+                            for b, d in zip(buffers, e.buffers)])
         clients, t = np.array([self.client]), order.round
         out = StageResult()
         if order.report is not None:
@@ -198,6 +208,8 @@ class NodeWorker:
                 w = e.as_tensor(order.train)
                 first = torch.einsum("ti,id->td", w, held.to(device=e.device, dtype=e.dtype)).unsqueeze(0)
             out.deltas = e.train(theta, clients, order.train, t, first)[0].detach().cpu().numpy()
+            if e.buffers:
+                out.buffers = [b.cpu().numpy() for b in e.buffer_snapshot()]
         return self.corrupted(out, order)
 
     def faults(self, seed: int, stream: str) -> FaultInjector:
@@ -224,7 +236,8 @@ class NodeWorker:
         def arr(x: object) -> np.ndarray | None:
             return None if x is None else torch.as_tensor(x).detach().cpu().numpy()
 
-        return StageResult(report=arr(bad.report), gradients=arr(bad.gradients), deltas=arr(bad.deltas))
+        return StageResult(report=arr(bad.report), gradients=arr(bad.gradients), deltas=arr(bad.deltas),
+                           buffers=out.buffers)
 
 
 _WORKERS: dict[tuple[str, int, int, str], NodeWorker] = {}

@@ -14,10 +14,14 @@ Stage (``train`` message), server to node:
   rows ``gradient-rows`` / ``train-rows`` (flattened float64 lists, ``[]`` = none) with
   ``tasks`` = ``m``, and ``first-step`` (``"held-gradients"`` or ``""``);
 - ``ConfigRecord "fedhv.payload"``: the request's extra broadcast (e.g. FedHV's task
-  weights), as float lists.
+  weights), as float lists;
+- ``ArrayRecord "fedhv.buffers"`` (with the model, for a model with buffers such as
+  BatchNorm's statistics): the global buffers ``b0000, b0001, ...`` in ``named_buffers`` order.
 
-Node to server: ``MetricRecord "fedhv.report"`` (``losses``: ``m`` floats) and
-``ArrayRecord "fedhv.update"`` (``deltas`` and / or ``gradients``, ``[T, d]``).
+Node to server: ``MetricRecord "fedhv.report"`` (``losses``: ``m`` floats),
+``ArrayRecord "fedhv.update"`` (``deltas`` and / or ``gradients``, ``[T, d]``) and, after
+training a model with buffers, ``ArrayRecord "fedhv.buffers"`` (the node's buffers after its
+trajectories; the server averages them over the valid replies, :mod:`fedhv.sim.engine`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from fedhv.flower.node import StageOrder, StageResult
 HELLO, NODE = "fedhv.hello", "fedhv.node"
 MODEL, STAGE, PAYLOAD = "fedhv.model", "fedhv.stage", "fedhv.payload"
 REPORT, UPDATE = "fedhv.report", "fedhv.update"
+BUFFERS = "fedhv.buffers"
 HELD = "fedhv.held"  # Context.state: the node's last model and gradients
 HELD_GRADIENTS = "held-gradients"
 
@@ -63,8 +68,10 @@ def _rows(weights: np.ndarray | None) -> list[float]:
 
 
 def stage_content(theta: torch.Tensor, request: Request, round_idx: int, seed: int, stream: str, sha: str,
-                  client: int, num_tasks: int, stage_idx: int = 0) -> RecordDict:
-    """The content of one stage message to ``client`` (``stage_idx``: the stage's index in the round)."""
+                  client: int, num_tasks: int, stage_idx: int = 0,
+                  buffers: list[torch.Tensor] | None = None) -> RecordDict:
+    """The content of one stage message to ``client`` (``stage_idx``: the stage's index in the round;
+    ``buffers``: the global model buffers, sent with the model when the model has any)."""
     report = "" if request.report is None else str(request.report)
     stage = ConfigRecord({
         "round": int(round_idx), "seed": int(seed), "stream": stream, "config-sha": sha, "client": int(client),
@@ -80,7 +87,25 @@ def stage_content(theta: torch.Tensor, request: Request, round_idx: int, seed: i
                                          request.payload.items()})
     if request.send_model:
         records[MODEL] = ArrayRecord({"theta": Array(theta.detach().cpu().numpy())})
+        if buffers:
+            records[BUFFERS] = _buffer_record(buffers)
     return RecordDict(records)
+
+
+def _buffer_record(buffers: list[Any]) -> ArrayRecord:
+    return ArrayRecord({f"b{i:04d}": Array(np.ascontiguousarray(torch.as_tensor(b).detach().cpu().numpy()))
+                        for i, b in enumerate(buffers)})
+
+
+def content_buffers(content: RecordDict) -> list[np.ndarray] | None:
+    """The model buffers a message carries (in order), or ``None``."""
+    if BUFFERS not in content.array_records:
+        return None
+    rec = content.array_records[BUFFERS]
+    try:
+        return [rec[k].numpy() for k in sorted(rec.keys())]
+    except Exception:  # noqa: BLE001 - malformed arrays: treated as absent (the server then ignores them)
+        return None
 
 
 def _matrix(values: Any, m: int) -> np.ndarray | None:
@@ -116,6 +141,8 @@ def result_content(result: StageResult) -> RecordDict:
               (("deltas", result.deltas), ("gradients", result.gradients)) if value is not None}
     if arrays:
         records[UPDATE] = ArrayRecord(arrays)
+    if result.buffers:
+        records[BUFFERS] = _buffer_record(result.buffers)
     return RecordDict(records)
 
 
@@ -139,4 +166,5 @@ def client_reply(client: int, content: RecordDict) -> ClientReply:
                     setattr(reply, name, rec[name].numpy())
                 except Exception:  # noqa: BLE001 - a malformed array is reported by the validator as missing
                     setattr(reply, name, None)
+    reply.buffers = content_buffers(content)
     return reply

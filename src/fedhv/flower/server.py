@@ -42,11 +42,14 @@ log = logging.getLogger("fedhv")
 def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: float | None,
                        node_wait: float = 120.0) -> FederationFactory:
     """Handshake with the SuperNodes, then build each round's :class:`FlowerFederation`."""
+    from fedhv.api.tasks import as_tasks
     from fedhv.data.benchmarks import BUILDERS
+    from fedhv.data.user import user_benchmark
 
     nodes = handshake(grid, config_text, cfg.partition.clients, node_wait)
     sha, v = config_sha(config_text), cfg.validation
-    num_tasks = len(BUILDERS[cfg.data.benchmark].task_names)
+    ub = user_benchmark(cfg.data.benchmark)  # a user benchmark ("module:attr", importable on every host)
+    num_tasks = len(as_tasks(ub.tasks)) if ub is not None else len(BUILDERS[cfg.data.benchmark].task_names)
 
     def factory(clients: np.ndarray, round_idx: int, seed: int, stream: str) -> FlowerFederation:
         # the nodes inject the configured garbage (faults.corrupt_*, poison_updates) in training rounds,
