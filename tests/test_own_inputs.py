@@ -209,14 +209,23 @@ def test_recycling_warning_names_the_dry_strata_and_disjoint_partition_shares_no
     assert len({len(r) for r in rows}) > 1  # sizes follow the draws
 
 
-def test_a_python_run_interrupted_mid_run_resumes_from_python_to_the_same_model(tmp_path) -> None:
+class BNMLP(MLP):
+    """MLP with BatchNorm: its statistics must survive the checkpoint too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU())
+
+
+@pytest.mark.parametrize("net", [MLP, BNMLP])
+def test_a_python_run_interrupted_mid_run_resumes_from_python_to_the_same_model(tmp_path, net) -> None:
     x, y, v = _xy(160)
     data = fedhv.FederatedDataset.from_tensors(x.double(), [y, v], TASKS, clients=5, alpha=1.0,
                                                test=(x[:40].double(), [y[:40], v[:40]]))
-    kw = dict(rounds=6, clients_per_round=3, local_steps=2, batch_size=8, lr_local=0.05, eval_every=2,
-              progress=False)
+    kw = {"rounds": 6, "clients_per_round": 3, "local_steps": 2, "batch_size": 8, "lr_local": 0.05, "eval_every": 2,
+          "progress": False}
     torch.manual_seed(0)
-    model = MLP().double()
+    model = net().double()
     whole = fedhv.simulate(model, data, fedhv.FedHV(calibration_rounds=2), out=tmp_path / "whole", **kw)
 
     def crash(rnd: int, record: dict) -> None:

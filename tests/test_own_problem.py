@@ -204,9 +204,12 @@ def test_table_8_names_the_hv_offsets_the_runs_used(tmp_path) -> None:
     assert "r_eval = [3, 50]" in done.stdout and "eval.hv_reference" in done.stdout
 
 
-def test_flower_back_end_refuses_a_model_with_buffers_before_round_one(tmp_path) -> None:
-    """The Flower back-end federates parameters only: a BatchNorm model is refused, not run with stale
-    statistics (the factory is never called)."""
+def test_secure_aggregation_refuses_a_model_with_buffers_before_round_one(tmp_path) -> None:
+    """SecAgg+ returns only the mean of the masked updates, not the clients' buffers: a BatchNorm model
+    is refused, not run with stale statistics (the factory is never called). Plain Flower federates
+    buffers (tests/test_flower.py::test_flower_federates_batchnorm_buffers_like_the_simulator)."""
+    import dataclasses
+
     from fedhv.api.simulate import _base_config, _benchmark, _train_keys
     from fedhv.data.user import registered
     from fedhv.experiment.runner import run_experiment
@@ -216,9 +219,10 @@ def test_flower_back_end_refuses_a_model_with_buffers_before_round_one(tmp_path)
     train = _train_keys(2, 8, 0.05, 0.0, "sgd", None, None, None, "mean")
     cfg = fedhv.Uniform().configure(_base_config(model, data, "bn", 2, 2, train, 0, "sequential", "fp32", None, 1,
                                                  3.0))
+    cfg = dataclasses.replace(cfg, flower=dataclasses.replace(cfg.flower, secure_aggregation=True))
     called = []
     with registered(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu")), \
-            pytest.raises(fedhv.ConfigError, match="the Flower back-end federates parameters only"):
+            pytest.raises(fedhv.ConfigError, match="secure aggregation returns only the mean"):
         run_experiment(cfg, tmp_path / "r", progress=False, federation_factory=lambda *a: called.append(a))
     assert not called and not (tmp_path / "r" / "rounds.jsonl").read_text().strip()
 

@@ -170,8 +170,8 @@ def _hv_offsets(runs: Sequence[Run]) -> list[str]:
     seen: list[str] = []
     for r in runs:
         ref = r.summary.get("hv_reference")
-        text = "3·1" if not isinstance(ref, list) or all(v == 3 for v in ref) else "[" + ", ".join(
-            f"{v:g}" for v in ref) + "]"
+        numbers = isinstance(ref, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in ref)
+        text = "3·1" if not numbers or all(v == 3 for v in ref) else "[" + ", ".join(f"{v:g}" for v in ref) + "]"
         if text not in seen:
             seen.append(text)
     return seen or ["3·1"]
