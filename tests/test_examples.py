@@ -73,7 +73,7 @@ def test_mnist_writers_example_bn_mixed_tasks_small_and_empty_clients() -> None:
     out = _run("mnist_writers.py")
     (sizes,) = _numbers(_line(out, "clients 41:"))
     assert sizes[0] == 0 and sizes[1] < 16  # an empty client and clients smaller than the batch
-    for method in ("fedhv", "uniform"):
+    for method in ("fedhv", "fedhv-scale-free", "uniform"):
         line = _line(out, f"{method}: scores")
         (scores,) = _numbers(line)
         (plain,) = _numbers(_line(out, f"{method} plain torch:"))
