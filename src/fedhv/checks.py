@@ -25,6 +25,17 @@ from torch import nn
 from fedhv.errors import ConfigError
 
 
+def check_seed(name: str, value: object) -> None:
+    """A seed must be an integer in ``[0, 2**32 - 1]``: random streams are keyed by 32-bit words, so
+    ``2**32 + s`` would silently equal ``s`` (the configuration's rule, :mod:`fedhv.config.validation`)."""
+    from fedhv.config.validation import SEED_BOUND
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_BOUND:
+        alias = f" ({value} would silently equal seed {value % SEED_BOUND})" if isinstance(value, int) else ""
+        raise ConfigError(f"{name} = {value!r} is out of range; seeds must be integers in [0, 2**32 - 1 = "
+                          f"{SEED_BOUND - 1}]{alias}")
+
+
 def _first_bad(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask.reshape(len(mask), -1).any(1))[0, 0])
 

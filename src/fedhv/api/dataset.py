@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fedhv.api.tasks import Task, TaskObjective, as_tasks
-from fedhv.checks import check_inputs, check_lengths, check_targets
+from fedhv.checks import check_inputs, check_lengths, check_seed, check_targets
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition, disjoint_dirichlet_partition
 from fedhv.errors import ConfigError
@@ -168,6 +168,7 @@ class FederatedDataset:
             Evaluation data (no evaluation without it).
         """
         ts = as_tasks(tasks)
+        check_seed("seed", seed)
         xt = _tensor(x, "x")
         check_inputs(xt, "x")
         y = _targets(targets, ts, len(xt), "targets")

@@ -1,0 +1,48 @@
+"""Issue 28, items 7 and 8: seeds of the Python API in [0, 2**32 - 1]; a CLI user benchmark with a label
+outside its task's classes is one ``error:`` line, exit 2, nothing left behind.
+
+Both fail on the code before this stop: ``simulate(seed=2**32)`` trained the model of seed 0 and
+``from_tensors(seed=-1)`` was accepted; the bad label gave a traceback, exit 1 and an unfinished run
+directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fedhv
+
+
+def _data(**kw) -> fedhv.FederatedDataset:
+    x = torch.randn(80, 4, generator=torch.Generator().manual_seed(0))
+    return fedhv.FederatedDataset.from_tensors(x, [(x[:, 0] > 0).long()], ["a"], clients=4, **kw)
+
+
+@pytest.mark.parametrize("seed", [2**32, 5 + 2**32, -1])
+def test_api_seeds_out_of_range_are_refused(seed: int) -> None:
+    with pytest.raises(fedhv.ConfigError, match=r"seed = .* is out of range; seeds must be integers in \[0, 2\*\*32"):
+        _data(seed=seed)
+    with pytest.raises(fedhv.ConfigError, match=r"seed = .* is out of range"):
+        fedhv.simulate(nn.Linear(4, 2), _data(), fedhv.Uniform(), rounds=1, seed=seed, progress=False)
+    with pytest.raises(fedhv.ConfigError, match=r"calibration.seeds\[0\] = .* is out of range"):
+        fedhv.calibrate(nn.Linear(4, 2), _data(), rounds=1, seeds=(seed,))
+
+
+def test_cli_user_benchmark_with_a_bad_label_is_one_error_line_and_leaves_nothing(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('setting = "bad"\nrounds = 2\n[data]\nbenchmark = "bad_label_benchmark:make_benchmark"\n'
+                   "[partition]\nclients = 4\nsamples_per_client = 40\n[train]\nclients_per_round = 2\n"
+                   "batch_size = 8\n[lr.uniform]\nglobal = 1.0\nlocal = 0.1\n")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fedhv.cli", "run", str(cfg), "--method", "uniform", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert errors[-1].startswith("error: ") and "task 'a' has label 7 (row 17) outside [0, 2)" in errors[-1]
+    assert "Traceback" not in done.stderr
+    assert not out.exists() or not any(p.name != ".lock" for p in out.iterdir())
