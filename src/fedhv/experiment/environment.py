@@ -63,7 +63,18 @@ def kernel_fingerprint() -> dict[str, Any]:
         "mkl": torch.backends.mkl.is_available(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+        # fedhv's compiled kernels: on or off, and which build (another switch changes the float bits)
+        "native": native_record(),
     }
+
+
+def native_record() -> dict[str, Any]:
+    """``{"enabled": FEDHV_NATIVE's switch, "library": kernels-<key>.so or None (no compiler)}``."""
+    from fedhv.models import native
+    from fedhv.models.native.build import library_identity
+
+    on = native.enabled()
+    return {"enabled": on, "library": library_identity() if on else None}
 
 
 def environment(provenance: dict[str, Any] | None = None,

@@ -60,9 +60,9 @@ from collections.abc import Iterator
 
 import torch
 
-from fedhv.models.native.build import load_library
+from fedhv.models.native.build import load_library, native_switch
 
-_STATE: dict[str, object] = {"enabled": os.environ.get("FEDHV_NATIVE", "1") != "0"}
+_STATE: dict[str, object] = {"enabled": native_switch(os.environ.get("FEDHV_NATIVE"))}
 _DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 #: Window codes (0..3, or -1 where the ReLU is inactive) as wide as the values (conv1.cpp).
 _CODES = {torch.float32: torch.int32, torch.float64: torch.int64}

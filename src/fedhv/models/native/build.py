@@ -64,8 +64,84 @@ def _sources() -> dict[str, bytes]:
     return {name: pkg.joinpath(name).read_bytes() for name in SOURCES}
 
 
+#: Accepted spellings of ``FEDHV_NATIVE`` (case-insensitive).
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: A temporary ``.tmp.so`` older than this (seconds) is a build that was killed: removed.
+_STALE_S = 3600.0
+
+
+def native_switch(value: str | None) -> bool:
+    """``FEDHV_NATIVE``: unset or a true spelling = kernels on, a false spelling = off; others refused."""
+    if value is None or value.strip() == "":
+        return True
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    from fedhv.errors import ConfigError
+
+    raise ConfigError(f"FEDHV_NATIVE = {value!r} is not a switch; use one of {', '.join(_TRUE)} (kernels on) or "
+                      f"{', '.join(_FALSE)} (PyTorch's layers)")
+
+
+def _private_dir(path: Path) -> str | None:
+    """Why ``path`` may not be trusted as a kernel cache (``None``: owned by this user, writable by no one else)."""
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return str(exc)
+    if path.is_symlink():
+        return f"{path} is a symbolic link"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to uid {st.st_uid}, not to this user ({os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by its group or others (mode {oct(st.st_mode & 0o777)})"
+    return None
+
+
+def _digest_file(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def trusted(path: Path) -> str | None:
+    """Why the cached library ``path`` must not be loaded (``None``: it may be).
+
+    The folder and the library must belong to this user and be writable by no one else, and the
+    library's SHA-256 must equal the one recorded at build time (``<name>.sha256``, same rules): a
+    library someone else could replace is never loaded.
+    """
+    for item in (path.parent, path, _digest_file(path)):
+        why = _private_dir(item)
+        if why is not None:
+            return why
+    try:
+        recorded = _digest_file(path).read_text().strip()
+    except OSError as exc:
+        return str(exc)
+    if recorded != _sha256(path):
+        return f"{path} does not match the SHA-256 recorded when it was built"
+    return None
+
+
+def _clean_stale(folder: Path) -> None:
+    """Remove temporary libraries of builds that were killed (older than an hour)."""
+    import time
+
+    with contextlib.suppress(OSError):
+        for stale in folder.glob("*.tmp.so"):
+            with contextlib.suppress(OSError):
+                if time.time() - stale.lstat().st_mtime > _STALE_S:
+                    stale.unlink()
+
+
 def _build(cxx: list[str], sources: dict[str, bytes], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _clean_stale(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
     os.close(fd)
     try:
@@ -77,6 +153,16 @@ def _build(cxx: list[str], sources: dict[str, bytes], target: Path) -> None:
                                   check=False)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "compiler failed")
+        os.chmod(tmp, 0o700)
+        digest = _digest_file(target)
+        fd2, tmp_digest = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.sha256", dir=target.parent)
+        try:
+            with os.fdopen(fd2, "w") as fh:  # mkstemp: mode 0o600, owner only
+                fh.write(_sha256(Path(tmp)) + "\n")
+            os.replace(tmp_digest, digest)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_digest)
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(OSError):
@@ -112,20 +198,46 @@ def load_library() -> ctypes.CDLL | None:
             if found is None:
                 raise RuntimeError("no C++ compiler found (set CXX or install g++)")
             path, cxx, sources = found
-            if not path.exists():
+            if not path.exists() and not path.is_symlink():
                 try:
                     _build(cxx, sources, path)
                 except OSError:  # a read-only cache: build for this process only
-                    path = Path(tempfile.mkdtemp(prefix="fedhv-kernels-")) / path.name
-                    _build(cxx, sources, path)
+                    path = _private_build(cxx, sources, path.name)
+            why = trusted(path)
+            if why is not None and _private_dir(path.parent) is None and not path.is_symlink():
+                _build(cxx, sources, path)  # our own folder (e.g. a library built before digests): rebuild it
+                why = trusted(path)
+            if why is not None:  # never load what someone else could have replaced: build a private copy
+                warnings.warn(f"fedhv: the cached kernel library is not trusted ({why}); building a private copy "
+                              "for this process", RuntimeWarning, stacklevel=3)
+                path = _private_build(cxx, sources, path.name)
             lib = ctypes.CDLL(str(path))
             _declare(lib)
-        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-            warnings.warn(f"fedhv: the compiled kernels are unavailable ({err}); "
-                          "using PyTorch's layers (slower, same results)", RuntimeWarning, stacklevel=3)
+            _CACHE["path"] = path  # type: ignore[assignment]
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as err:
+            warnings.warn(f"fedhv: the compiled kernels are unavailable ({err}); using PyTorch's layers (slower; "
+                          "the same maths with another float summation order, so results agree within seed noise, "
+                          "not bit for bit)", RuntimeWarning, stacklevel=3)
             lib = None
         _CACHE["lib"] = lib
         return lib
+
+
+def _private_build(cxx: list[str], sources: dict[str, bytes], name: str) -> Path:
+    """Build into a private temporary folder (mode 0o700), removed when the process exits."""
+    import atexit
+
+    folder = Path(tempfile.mkdtemp(prefix="fedhv-kernels-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / name
+    _build(cxx, sources, path)
+    return path
+
+
+def library_identity() -> str | None:
+    """``kernels-<key>.so`` of this machine's build (``None`` without a compiler): what a run records."""
+    found = library_path()
+    return None if found is None else found[0].name
 
 
 def _declare(lib: ctypes.CDLL) -> None:
