@@ -48,7 +48,7 @@ from fedhv.algorithms.plain import StateError
 from fedhv.algorithms.uniform import UniformState
 from fedhv.errors import FedHVError
 from fedhv.experiment.accounting import RunTotals
-from fedhv.results.rundir import write_atomic_with
+from fedhv.results.rundir import open_nofollow, write_atomic_with
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: 1: pickled Python objects (read with ``weights_only=False``); 2: plain data + digest.
@@ -426,6 +426,8 @@ def truncate_jsonl(path: Path, offset: int) -> Repair:
     part must consist of complete, valid lines.
     """
     path = Path(path)
+    if path.is_symlink():
+        raise ResumeError(f"{path} is a symbolic link; fedhv never follows links in a run directory: remove it")
     data = path.read_bytes() if path.exists() else b""
     if len(data) < offset:
         raise ResumeError(
@@ -446,8 +448,10 @@ def truncate_jsonl(path: Path, offset: int) -> Repair:
         except json.JSONDecodeError:
             torn = True
     if rest:
-        with open(path, "r+b") as fh:
-            fh.truncate(offset)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = open_nofollow(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return Repair(dropped, torn)

@@ -174,7 +174,10 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         try:
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run's lifetime
+            fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            self._fh = os.fdopen(fd, "a", encoding="utf-8")  # kept open for the run's lifetime
+        except RunDirError:
+            raise
         except OSError as exc:
             raise io_error(self.path, exc, "open") from None
 
@@ -249,6 +252,30 @@ def _mkdirs(path: Path) -> list[Path]:
 # --------------------------------------------------------------------------- locking
 
 
+def refuse_links(path: Path) -> None:
+    """Refuse a run directory whose run files (or lock) are symbolic links.
+
+    fedhv never follows a link for a file it reads or writes in a run directory: a directory
+    received from someone else could otherwise make it truncate or append to a file anywhere
+    (docs/reliability.md, threat model). The opens themselves use ``O_NOFOLLOW`` as well.
+    """
+    for name in (LOCK_FILE, *RUN_FILES):
+        if (path / name).is_symlink():
+            raise RunDirError(f"{path / name} is a symbolic link (to {os.readlink(path / name)}); fedhv never follows "
+                              "links in a run directory: remove the link, or use a directory you made")
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` with ``O_NOFOLLOW``: a symbolic link at ``path`` is refused with one line naming it."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a symbolic link; fedhv never follows links in a run directory: remove "
+                              "it") from None
+        raise
+
+
 def _acquire_lock(path: Path) -> int:
     """An open file descriptor holding ``flock(LOCK_EX)`` on ``path/.lock``.
 
@@ -257,7 +284,9 @@ def _acquire_lock(path: Path) -> int:
     lock = path / LOCK_FILE
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = open_nofollow(lock, os.O_RDWR | os.O_CREAT)
+        except RunDirError:
+            raise
         except OSError as exc:
             raise io_error(path, exc, "use run directory") from None
         try:
@@ -299,6 +328,7 @@ class RunDir:
         if not self.path.is_dir():
             raise RunDirError(f"run directory {self.path} does not exist or is not a directory")
         self._created = created
+        refuse_links(self.path)
         self._lock_fd: int | None = _acquire_lock(self.path)
         self._rounds: JsonlWriter | None = None
         self._metrics: JsonlWriter | None = None
