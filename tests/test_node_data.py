@@ -113,3 +113,40 @@ def test_flower_export_command_writes_one_file_per_node(tmp_path: Path) -> None:
         np.testing.assert_array_equal(z["x"], ref["x"])
     bad = cli("flower", "export", "multimnist", "--nodes", "3", *sets, "--clients", "3", "--out", str(tmp_path))
     assert bad.returncode == 2 and "clients 0..2" in bad.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit-flipped", "empty"])
+def test_damaged_node_files_name_the_file_and_the_fix(tmp_path: Path, damage: str) -> None:
+    """Issue 28, item 6: before, a damaged archive failed the handshake with ``zipfile.BadZipFile`` /
+    ``EOFError`` and no file name or fix."""
+    cfg = load_config("multimnist", CFG)
+    path = _write(tmp_path / "client-0.npz", x=np.zeros((40, 36, 36), np.uint8), y=np.zeros((40, 2), np.int64))
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "bit-flipped":
+        flipped = bytearray(data)
+        flipped[len(data) // 3] ^= 0x10
+        path.write_bytes(bytes(flipped))
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(NodeDataError, match=r"is not a readable \.npz archive .*fedhv flower export") as info:
+        load_node_file(path, cfg, 0, 4)
+    assert str(path) in str(info.value)
+
+
+def test_a_node_file_smaller_than_the_batch_trains_by_the_small_client_rule(tmp_path: Path) -> None:
+    """Issue 28, item 6: a node with fewer samples than the batch was rejected every round; now its
+    batches repeat its samples (fedhv.sim.plan's rule, the API's), so it trains and reports."""
+    cfg = load_config("multimnist", CFG)
+    full = export_partition(cfg, 1, tmp_path / "full.npz")
+    with np.load(full) as z:
+        x, y = z["x"][:3], z["y"][:3]
+    small = _write(tmp_path / "client-1.npz", x=x, y=y, benchmark=np.array("multimnist"), format=np.array(1))
+    node = NodeWorker(_text(), 1, 4, str(small))
+    assert node.data.parts.shape[-1] == 3 < cfg.train.batch_size
+    theta = torch.cat([p.detach().reshape(-1) for p in node.model.parameters()])
+    order = StageOrder(round=0, seed=cfg.seed, stream="train", report="all", gradients=None, train=np.array([[0.5, 0.5]]))
+    out = node.serve(theta, order, None)
+    assert out.deltas is not None and np.isfinite(out.deltas).all() and np.abs(out.deltas).max() > 0
+    assert out.report is not None and np.isfinite(out.report).all()

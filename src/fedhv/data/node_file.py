@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -90,9 +91,10 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
             return np.asarray(z["x"]), np.asarray(z["y"]), meta
     except NodeDataError:
         raise
-    except (OSError, ValueError) as e:
-        raise NodeDataError(f"node data file {str(path)!r} is not a readable .npz archive ({e}); write it with "
-                            "numpy.savez(path, x=..., y=...)") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:  # truncated, bit-flipped, empty
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise NodeDataError(f"node data file {str(path)!r} is not a readable .npz archive ({why}); write it again "
+                            "with `fedhv flower export` (or numpy.savez(path, x=..., y=...))") from None
 
 
 def _check_labels(y: np.ndarray, objective: object, num_classes: tuple[int, ...], where: str) -> None:
