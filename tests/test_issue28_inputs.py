@@ -46,3 +46,29 @@ def test_cli_user_benchmark_with_a_bad_label_is_one_error_line_and_leaves_nothin
     assert errors[-1].startswith("error: ") and "task 'a' has label 7 (row 17) outside [0, 2)" in errors[-1]
     assert "Traceback" not in done.stderr
     assert not out.exists() or not any(p.name != ".lock" for p in out.iterdir())
+
+
+def test_a_resume_caps_the_recorded_thread_count_at_the_machines_cores(tmp_path: Path) -> None:
+    """Issue 28 (smaller ones): an edited ``environment.json`` asking for 300 threads spawned 601 threads on
+    2 cores; a resume now uses at most the machine's cores, with one warning."""
+    import json
+    import os
+
+    from conftest import SMALL
+
+    out = tmp_path / "run"
+    sets = [a for o in [*SMALL, "rounds=2", "calibration.rounds=1"] for a in ("--set", o)]
+    done = subprocess.run([sys.executable, "-m", "fedhv.cli", "run", "multimnist", "--method", "uniform", "--out",
+                           str(out), *sets], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = json.loads((out / "environment.json").read_text())
+    env["torch_threads"] = 300
+    (out / "environment.json").write_text(json.dumps(env))
+    for name in ("summary.json", "model.pt"):
+        (out / name).unlink()
+    done = subprocess.run([sys.executable, "-m", "fedhv.cli", "run", "--resume", str(out)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cores = os.cpu_count() or 1
+    assert f"records 300 torch threads but this machine has {cores} cores" in done.stderr
+    assert json.loads((out / "resumes.jsonl").read_text().splitlines()[-1])["torch_threads"] <= cores

@@ -260,6 +260,11 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     text = config_path.read_text()
     cfg = config_from_toml_text(text, device)
     threads = None if cfg.threads else _recorded_threads(path)
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:  # an edited or foreign environment.json: never oversubscribe
+        log.warning("resume: environment.json records %d torch threads but this machine has %d cores; using %d "
+                    "(the resume will not be bit-exact)", threads, cores, cores)
+        threads = cores
     if threads is not None and threads != torch.get_num_threads():
         log.warning("resume: using %d torch threads as recorded in environment.json (not %d): a resume is "
                     "exact only with the run's thread count", threads, torch.get_num_threads())
