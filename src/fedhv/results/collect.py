@@ -24,6 +24,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from fedhv.results.pooling import PooledRunsError, label_configurations  # noqa: F401 - re-exported
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -63,9 +65,18 @@ class Run:
     #: (:attr:`reported`; ``fedhv table --final-eval``).
     final_eval: bool = False
 
+    #: The configuration keys that set this run apart from other runs of its setting found
+    #: together (``"train.lr_local=0.01"``), or ``None`` (:func:`label_configurations`).
+    config_label: str | None = None
+
+    @property
+    def base_setting(self) -> str:
+        return str(self.summary.get("setting") or self.config.get("setting"))
+
     @property
     def setting(self) -> str:
-        return str(self.summary.get("setting") or self.config.get("setting"))
+        """The setting, with the configuration keys that set it apart when runs of one setting differ."""
+        return self.base_setting if self.config_label is None else f"{self.base_setting} [{self.config_label}]"
 
     @property
     def method(self) -> str:
@@ -396,6 +407,7 @@ def find_runs(root: Path | str, final_eval: bool = False) -> tuple[list[Run], li
         if run is not None:
             run.final_eval = final_eval
             runs.append(run)
+    label_configurations(runs)
     return runs, unfinished
 
 
