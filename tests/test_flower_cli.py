@@ -79,7 +79,7 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
         assert a["clients"] == b["clients"]
         np.testing.assert_allclose(a["report"], b["report"], rtol=1e-9)
         np.testing.assert_allclose(a["weights"], b["weights"], rtol=1e-9)
-    table = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path), "--table", "1"],
+    table = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(out), "--table", "1"],
                            capture_output=True, text=True, check=False)
     assert table.returncode == 0 and "fedhv" in table.stdout.lower(), table.stdout + table.stderr
     assert len(seen) >= 1 + 2 * 3  # SuperLink, 3 SuperNodes, 3 ClientApp processes (and the ServerApp)
