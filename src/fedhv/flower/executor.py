@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import time
@@ -50,6 +49,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from fedhv.flower.client import app
+from fedhv.flower.lifetime import alive
 
 log = logging.getLogger("fedhv")
 
@@ -134,7 +134,7 @@ def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.05, id
     client = _client(address)
     wait, last = poll_s, -float("inf")
     while True:
-        if parent_pid is not None and not _alive(parent_pid):
+        if parent_pid is not None and not alive(parent_pid):
             return
         try:
             res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
@@ -151,16 +151,6 @@ def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.05, id
                 wait = min(wait * 1.5, max(idle_poll_s, poll_s))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="long-lived fedhv ClientApp process for one SuperNode")
     parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's Runtime API (host:port)")
@@ -172,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     from fedhv._malloc import tune_allocator
 
     tune_allocator()  # as fedhv run: local training re-faults its activations otherwise
+    if args.parent_pid is not None:  # Flower's HTTP client retries a gone SuperNode without end: watch from a thread
+        from fedhv.flower.lifetime import watch_parent
+
+        watch_parent(args.parent_pid)
     try:
         serve_forever(args.runtime_api_address, args.parent_pid)
     except KeyboardInterrupt:

@@ -14,8 +14,11 @@ generates the Flower app (``pyproject.toml`` with ``[tool.flwr.app.components]``
 ``FLWR_HOME`` whose ``config.toml`` names the local SuperLink, submits the run as
 ``flwr run`` does (in process: :func:`fedhv.flower.control.start_run`), follows
 ``rounds.jsonl`` for progress and the run's status on the SuperLink's Control API, and
-stops every process it started, by process group id (the PID of the process it
-started), also on Ctrl-C / SIGTERM. A run whose ServerApp failed still ends with a
+stops every process of the deployment, also on Ctrl-C / SIGTERM, and a watchdog does so
+when the launcher itself is killed (:mod:`fedhv.flower.lifetime`: every process carries a
+``FEDHV_DEPLOYMENT`` mark in its environment, which Flower passes on to the processes it
+starts). ``resume`` holds the run directory's lock from before the first process starts
+until the run is submitted, so a busy directory is refused at once. A run whose ServerApp failed still ends with a
 status; the run counts as done only when Flower reports it
 ``finished:completed`` *and* ``summary.json`` exists.
 
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +54,7 @@ from fedhv.config import dumps, load_config, to_dict
 from fedhv.config.schema import RunConfig
 from fedhv.data.node_file import node_data_file
 from fedhv.flower.control import run_status, start_run
+from fedhv.flower.lifetime import MARK, marked, sweep
 from fedhv.flower.procs import FlowerRunError, console_script, free_ports, session_children, wait_port
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
@@ -113,6 +118,23 @@ class Deployment:
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     lost: set[str] = field(default_factory=set)
     logs: list[IO[bytes]] = field(default_factory=list)
+    watchdog: subprocess.Popen[bytes] | None = None
+    held: Any = None  # a RunDir whose lock is held until the run is submitted
+
+    @property
+    def token(self) -> str:
+        """The deployment's mark (``FEDHV_DEPLOYMENT``) in every process it starts."""
+        return self.env[MARK]
+
+    def start_watchdog(self) -> None:
+        """The process that stops the deployment when this one dies (:mod:`fedhv.flower.lifetime`):
+        in its own session, without the mark, its output to ``watchdog.log``."""
+        env = {k: v for k, v in self.env.items() if k != MARK}
+        with open(self.workdir / "watchdog.log", "ab") as log:
+            self.watchdog = subprocess.Popen(
+                [sys.executable, "-m", "fedhv.flower.lifetime", "--token", self.token, "--parent", str(os.getpid()),
+                 "--workdir", str(self.workdir)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def start(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
@@ -248,12 +270,20 @@ class Deployment:
         if resume is not None:
             run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir)}
         (app_dir / "pyproject.toml").write_text(app_pyproject(run_config))
+        if self.held is not None:  # the ServerApp claims the run directory from here on
+            self.held.close()
+            self.held = None
         run_id = start_run(self.port, app_dir, self.root_certificates)
         _follow(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log")
         return run_dir
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL, to each started process group (by the started PID)."""
+        """SIGTERM, then SIGKILL, to each started process group (by the started PID), then to every
+        other marked process (the ServerApp, ``flwr-clientapp`` processes: :func:`~fedhv.flower.lifetime.sweep`);
+        then the watchdog ends."""
+        for pid in marked(self.token):  # the ServerApp and per-message ClientApps too, in the same grace period
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
         for _, proc in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -268,6 +298,15 @@ class Deployment:
         for pid in session_children(os.getpid()):  # started but not yet tracked when a stop request arrived
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        sweep(self.token, grace_s=1.0)
+        if self.watchdog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.watchdog.terminate()
+            try:
+                self.watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
         for log in self.logs:
             log.close()
 
@@ -330,7 +369,7 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     home.mkdir()
     # Flower starts flwr-serverapp / flower-superexec / flwr-clientapp from PATH: this interpreter's first.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path}
+    env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path, MARK: uuid.uuid4().hex}
     link_port = free_ports(1)[0]  # flwr 1.42: one HTTP port for Fleet, Control and Runtime APIs
     link_tls = ["--insecure"]
     conn = "insecure = true"
@@ -351,6 +390,7 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir, secure)
     ok = False
     try:
+        dep.start_watchdog()
         link = dep.start("superlink", [
             console_script("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(link_port),
@@ -377,11 +417,31 @@ def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, 
     A run with ``flower.secure_aggregation = true`` gets SuperNodes that answer only SecAgg+ stages."""
     run_cfg = cfg if cfg is not None or resume is None else resume_config(resume)
     secure = run_cfg is not None and run_cfg.flower.secure_aggregation
-    with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
-                          auth=auth, node_data=node_data, secure=secure) as dep:
-        if on_start is not None:
-            on_start(dep)
-        return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume)
+    held = _hold(resume if resume is not None else out, resume is not None)
+    try:
+        with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
+                              auth=auth, node_data=node_data, secure=secure) as dep:
+            dep.held = held
+            if on_start is not None:
+                on_start(dep)
+            return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _hold(run_dir: str | Path | None, resume: bool) -> Any:
+    """The lock of an existing run directory (a run to resume, or an ``--out`` that holds a lock
+    file), taken before any process starts: a directory another process uses is refused at once
+    (:class:`~fedhv.results.rundir.RunDirBusy`) instead of after a whole deployment started."""
+    from fedhv.results.rundir import LOCK_FILE, RunDir
+
+    if run_dir is None:
+        return None
+    path = Path(run_dir)
+    if not resume and (not path.is_dir() or not (path / LOCK_FILE).exists()):
+        return None
+    return RunDir(path)
 
 
 def _last_error(log: Path) -> str:
