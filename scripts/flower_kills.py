@@ -112,7 +112,7 @@ def records(run: Path, name: str) -> list[dict]:
     keep = []
     for line in (run / name).read_text().splitlines():
         rec = json.loads(line)
-        keep.append({k: v for k, v in rec.items() if "time" not in k and k not in ("wall_s", "elapsed_s")})
+        keep.append({k: v for k, v in rec.items() if "time" not in k and "second" not in k and k != "wall_clock_s"})
     return keep
 
 

@@ -37,8 +37,8 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait as wait_for_ready
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from fedhv.config.flower import refuse_in_simulator
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.errors import ConfigError, FedHVError
-from fedhv.experiment.grid_worker import STOP_GRACE_S, JobCancelled, guarded, init_worker, spawning_workers
+from fedhv.experiment.grid_worker import JobCancelled, guarded, init_worker, spawning_workers, stop_workers
 from fedhv.results.rundir import write_json
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
@@ -147,8 +147,9 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
     sweeps = list(ABLATIONS) if ablation == "all" else [ablation] if ablation else [None]
     jobs: list[Job] = []
     calibrations: dict[str, CalibrationJob] = {}
-    for setting in settings:
-        source = setting_source(setting)
+    named: dict[str, str] = {}  # folder name -> the source planned into it
+    for setting in dict.fromkeys(setting_source(s) for s in settings):  # a setting given twice runs once
+        source = setting
         for sweep in sweeps:
             variants: list[tuple[str, Any] | None] = [None]
             if sweep is not None:
@@ -162,6 +163,11 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                         cfg = load_config(source, job_over)
                         refuse_in_simulator(cfg)  # before its calibration runs in the simulator
                         name = cfg.setting
+                        if named.setdefault(name, source) != source:
+                            raise ConfigError(
+                                f"settings {named[name]} and {source} are both named {name!r}, so both would write "
+                                f"{out / name}: give one another name (setting = \"{name}-2\" in its file) or run "
+                                "them as separate grids")
                         folder = out / name
                         if variant is not None:
                             folder = folder / f"{variant[0].split('.')[-1]}={variant[1]}"
@@ -337,39 +343,6 @@ def _summary_line(run_dir: str, summary: dict[str, Any]) -> str:
     return f"done: {run_dir}: MeanAcc {num('mean_acc', 2)} WorstAcc {num('worst_acc', 2)} ({num('wall_clock_s', 0)} s)"
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Stop the grid now: a stop request to every worker, cancel the queue, wait, kill stragglers.
-
-    Workers checkpoint their running run and exit (:mod:`fedhv.experiment.grid_worker`);
-    one still alive after ``STOP_GRACE_S`` seconds (or after a second Ctrl-C) is killed.
-    """
-    # A worker's sentinel becomes ready when it exits, so only live workers (whose PIDs
-    # cannot have been reused) are signalled.
-    processes = [p for p in dict(getattr(pool, "_processes", None) or {}).values()
-                 if not wait_for_ready([p.sentinel], timeout=0)]
-    for proc in processes:
-        try:
-            os.kill(proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
-    pool.shutdown(wait=False, cancel_futures=True)
-    sentinels = {proc.sentinel: proc for proc in processes}
-    deadline = time.monotonic() + STOP_GRACE_S
-    try:
-        while sentinels and time.monotonic() < deadline:
-            for ready in wait_for_ready(list(sentinels), timeout=max(0.0, deadline - time.monotonic())):
-                sentinels.pop(ready)  # type: ignore[call-overload]
-    except KeyboardInterrupt:
-        pass  # a second Ctrl-C: do not wait for the checkpoints
-    finally:
-        for proc in sentinels.values():
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    pool.shutdown(wait=True)  # the workers are gone: let the pool release its queues
-
-
 class GridTerminated(KeyboardInterrupt):
     """SIGTERM reached the grid process: stopped like Ctrl-C; the CLI exits with ``128 + signum`` (143)."""
 
@@ -412,8 +385,13 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     bar = tqdm(total=total, desc="grid", disable=not progress, dynamic_ncols=True, unit="round")
     cal_done = 0
     finished: set[str] = set()
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=init_worker, initargs=(threads, os.getpid()))
+
+    def new_pool() -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=init_worker, initargs=(threads, os.getpid()))
+
+    pool = new_pool()
+    broken: list[Any] = []  # items whose worker pool broke (a worker killed: OOM killer, kill -9)
 
     def wait(futures: dict[Future[Any], Any], on_done: Any) -> None:
         pending = dict(futures)
@@ -432,7 +410,9 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
 
     def cal_finished(job: CalibrationJob, fut: Future[Any]) -> None:
         nonlocal cal_done
-        if fut.exception() is not None:
+        if isinstance(fut.exception(), BrokenProcessPool):
+            broken.append(job)
+        elif fut.exception() is not None:
             report.failed[job.path] = f"{type(fut.exception()).__name__}: {fut.exception()}"
         else:
             cal_done += job.rounds
@@ -444,29 +424,55 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
             # the grid is stopping, whether or not this process has handled its own signal yet
             # (a process-directed signal may wait for the main thread's next bytecode).
             raise KeyboardInterrupt(f"{job.run_dir}: {type(exc).__name__}")
-        if exc is not None:
+        if isinstance(exc, BrokenProcessPool):
+            broken.append(job)
+        elif exc is not None:
             report.failed[job.run_dir] = f"{type(exc).__name__}: {exc}"
             tqdm.write(f"failed: {job.run_dir}: {type(exc).__name__}: {exc}")
         else:
             report.done.append(job.run_dir)
             tqdm.write(_summary_line(job.run_dir, fut.result()))
 
+    def stage(items: list[Any], fn: Any, on_done: Any, where: Any) -> None:
+        """Run ``items``. When a worker dies (the pool breaks: the out-of-memory killer, ``kill -9``) the
+        unfinished items run again in a new pool, resuming from their checkpoints: first together,
+        after a second break one at a time; an item that breaks a pool on its own fails."""
+        nonlocal pool
+        queue, breaks = list(items), 0
+        while queue:
+            alone = breaks >= 2
+            batch, queue = (queue[:1], queue[1:]) if alone else (queue, [])
+            broken.clear()
+            with spawning_workers():  # submit() starts the worker processes
+                futures = {pool.submit(guarded, fn, item): item for item in batch}
+            wait(futures, on_done)
+            if not broken:
+                continue
+            pool.shutdown(wait=True)  # the broken pool's other workers have checkpointed and exited
+            pool = new_pool()
+            if alone:
+                report.failed[where(broken[0])] = (
+                    "its worker process was killed (a signal, e.g. the out-of-memory killer) while it ran alone; "
+                    "the same command resumes it (with fewer --workers if memory ran out)")
+                tqdm.write(f"failed: {where(broken[0])}: {report.failed[where(broken[0])]}")
+                continue
+            breaks += 1
+            tqdm.write(f"warning: a grid worker process was killed (a signal, e.g. the out-of-memory killer); "
+                       f"{len(broken)} unfinished item(s) run again" + (", one at a time" if breaks >= 2 else ""))
+            queue = list(broken) + queue
+
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
-        with spawning_workers():  # submit() starts the worker processes
-            cal_futures = {pool.submit(guarded, _run_calibration, c): c for c in todo_cal}
-        wait(cal_futures, cal_finished)
+        stage(todo_cal, _run_calibration, cal_finished, lambda c: c.path)
         runnable = [j for j in todo if j.calibration is None or Path(j.calibration).exists()]
         for j in todo:
             if j not in runnable:
                 report.failed[j.run_dir] = f"its calibration {j.calibration} failed"
-        with spawning_workers():
-            job_futures = {pool.submit(guarded, _run_job, j): j for j in runnable}
-        wait(job_futures, job_finished)
+        stage(runnable, _run_job, job_finished, lambda j: j.run_dir)
     except BaseException:
         # Ctrl-C, SIGTERM or a failure of the driver itself: no job may outlive it.
-        _stop_workers(pool)
+        stop_workers(pool)
         raise
     else:
         pool.shutdown(wait=True)

@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import wait as wait_for_ready
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -160,3 +162,36 @@ def guarded(fn: Callable[..., T], *args: Any) -> T:
         raise
     finally:
         _busy.clear()
+
+
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop the grid now: a stop request to every worker, cancel the queue, wait, kill stragglers.
+
+    Workers checkpoint their running run and exit (:mod:`fedhv.experiment.grid_worker`);
+    one still alive after ``STOP_GRACE_S`` seconds (or after a second Ctrl-C) is killed.
+    """
+    # A worker's sentinel becomes ready when it exits, so only live workers (whose PIDs
+    # cannot have been reused) are signalled.
+    processes = [p for p in dict(getattr(pool, "_processes", None) or {}).values()
+                 if not wait_for_ready([p.sentinel], timeout=0)]
+    for proc in processes:
+        try:
+            os.kill(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)
+    sentinels = {proc.sentinel: proc for proc in processes}
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        while sentinels and time.monotonic() < deadline:
+            for ready in wait_for_ready(list(sentinels), timeout=max(0.0, deadline - time.monotonic())):
+                sentinels.pop(ready)  # type: ignore[call-overload]
+    except KeyboardInterrupt:
+        pass  # a second Ctrl-C: do not wait for the checkpoints
+    finally:
+        for proc in sentinels.values():
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    pool.shutdown(wait=True)  # the workers are gone: let the pool release its queues

@@ -48,13 +48,78 @@ def session_children(parent: int) -> list[int]:
     return found
 
 
+def _listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on TCP ``port`` (``/proc/net/tcp``, ``tcp6``); ``None`` without ``/proc``."""
+    found: set[str] = set()
+    seen_any = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        seen_any = True
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                found.add(cols[9])
+    return found if seen_any else None
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and its live descendants (``/proc`` parent links)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    tree, frontier = {root}, {root}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - tree
+        tree |= frontier
+    return tree
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` (or a descendant) holds the socket listening on ``port``; ``None``
+    when that cannot be told (no ``/proc``, or no listener found)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for member in _tree(pid):
+        try:
+            fds = os.listdir(f"/proc/{member}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{member}/fd/{fd}") in wanted:
+                    return True
+    return False
+
+
 def wait_port(port: int, proc: subprocess.Popen[bytes], name: str, workdir: Path, wait_s: float = 60.0) -> None:
+    """Wait until ``proc`` listens on ``127.0.0.1:port``.
+
+    A connection alone does not prove it: another process may have taken the port between
+    :func:`free_ports` and the start (the SuperLink then exits with "address already in use"
+    while the other listener answers). Where ``/proc`` tells who listens, a listener outside
+    ``proc``'s process tree is an error naming the port and the cause.
+    """
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise FlowerRunError(f"{name} exited with status {proc.returncode} while starting; see "
                                  f"{workdir / (name + '.log')}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            if listens_on(proc.pid, port) is False:
+                raise FlowerRunError(
+                    f"{name}: port 127.0.0.1:{port} was taken by another process between choosing it and "
+                    f"starting {name} (it could not bind: address already in use; see {workdir / (name + '.log')}); "
+                    "run the command again, a new free port is chosen each time")
             return
         time.sleep(0.2)
     raise FlowerRunError(f"{name} did not listen on 127.0.0.1:{port} within {wait_s:.0f} s; see "
