@@ -20,6 +20,7 @@ build simply runs unlocked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -62,6 +63,20 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             os.unlink(tmp)
 
 
+def _is_link(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link (one warning says it is ignored)."""
+    if not os.path.islink(path):
+        return False
+    warnings.warn(f"{path} is a symbolic link; fedhv never follows links in its cache: it is ignored (and replaced "
+                  "by a file when the entry is written)", stacklevel=3)
+    return True
+
+
+def _open_nofollow(path: Path) -> IO[bytes]:
+    """``path`` opened for reading with ``O_NOFOLLOW`` (a link planted after the check fails to open)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+
+
 def _fsync_dir(folder: Path) -> None:
     try:
         dfd = os.open(folder, os.O_RDONLY)
@@ -76,11 +91,15 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
-    """All arrays of the ``.npz`` file ``path``, or ``None`` when it is absent or unreadable."""
-    if not path.is_file():
+    """All arrays of the ``.npz`` file ``path``, or ``None`` when it is absent or unreadable.
+
+    A symbolic link is never followed: it counts as absent (with one warning), and the
+    rebuilt file replaces the link itself (``os.replace``), never its target.
+    """
+    if _is_link(path) or not path.is_file():
         return None
     try:
-        with open(path, "rb") as fh, np.load(fh) as npz:  # our handle: closed even when np.load fails
+        with _open_nofollow(path) as fh, np.load(fh) as npz:  # our handle: closed even when np.load fails
             return {k: npz[k] for k in npz.files}
     except Exception:  # noqa: BLE001 - BadZipFile, CRC errors, pickle refusals, OSError: all mean "rebuild"
         return None
@@ -115,8 +134,11 @@ def build_lock(path: Path) -> Iterator[bool]:
     try:
         locks = path.parent / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
-        fd = os.open(locks / f"{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
+        fd = os.open(locks / f"{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            warnings.warn(f"{locks / (path.name + '.lock')} is a symbolic link; fedhv never follows links in its "
+                          "cache: the entry is built without the lock (remove the link)", stacklevel=2)
         yield False
         return
     try:
@@ -161,9 +183,11 @@ def cached_arrays(
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from ``path``, or ``None`` when absent or unreadable."""
+    if _is_link(path):
+        return None
     try:
-        with open(path, encoding="utf-8") as fh:
-            value = json.load(fh)
+        with _open_nofollow(path) as fh:
+            value = json.loads(fh.read().decode("utf-8"))
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None

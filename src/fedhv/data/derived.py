@@ -109,8 +109,11 @@ def load_derived(
     missing = [d for d, r in records.items() if r is None]
     last = read_json(record_path) if use_cache else None
     if last is not None and _agrees(last, datasets, records):
-        path = cache_root() / str(last.get("file", ""))
-        cached = load_arrays(path) if last.get("file") else None
+        file = str(last.get("file", ""))
+        path = cache_root() / file
+        # only a cache entry of this dataset, by plain name: a record naming another path is not followed
+        plain = bool(file) and Path(file).name == file and file.startswith(f"{name}-") and file.endswith(".npz")
+        cached = load_arrays(path) if plain else None
         if cached is not None:
             built = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
             origin = f"{last.get('root')} ({', '.join(f'{d} {fp}' for d, fp in last['fingerprints'].items())})"

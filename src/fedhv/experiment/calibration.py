@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -127,9 +128,14 @@ class CalibrationResult:
 
 def load_calibration(path: str | Path) -> CalibrationResult:
     """Read and verify a stored calibration (see :meth:`CalibrationResult.from_dict`)."""
+    from fedhv.results.rundir import RunDirError, read_bytes_nofollow
+
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bytes_nofollow(path).decode("utf-8"))
+    except RunDirError:  # a symbolic link: never followed
+        raise CalibrationError(f"{path} is a symbolic link (to {os.readlink(path)}); fedhv never follows links for "
+                               f"a calibration: delete {path} to recompute the calibration") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CalibrationError(f"{path} cannot be read ({exc}); delete {path} to recompute the calibration") from None
     return CalibrationResult.from_dict(data, source=str(path))

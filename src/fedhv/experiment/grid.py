@@ -48,7 +48,7 @@ from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.errors import ConfigError, FedHVError
 from fedhv.experiment.grid_worker import JobCancelled, guarded, init_worker, spawning_workers, stop_workers
-from fedhv.results.rundir import write_json
+from fedhv.results.rundir import open_nofollow, read_bytes_nofollow, write_json
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
 ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
@@ -221,7 +221,7 @@ def config_differences(job: Job) -> dict[str, tuple[Any, Any]]:
     """
     wanted = _flatten(to_dict(load_config(job.source, job.overrides)))
     try:
-        found = _flatten(to_dict(config_from_toml_text((Path(job.run_dir) / "config.toml").read_text())))
+        found = _flatten(to_dict(config_from_toml_text(read_bytes_nofollow(Path(job.run_dir) / "config.toml").decode())))
     except (OSError, FedHVError) as exc:
         return {"config.toml": (f"unreadable ({exc})", "a valid run configuration")}
     keys = sorted((set(wanted) | set(found)) - {k for k in set(wanted) | set(found) if _ignored(k)})
@@ -244,6 +244,14 @@ def check_existing_runs(jobs: Sequence[Job], out: Path) -> None:
     GridError
         Naming the runs, the differing keys with both values, and the fixes.
     """
+    paths = {p for job in jobs for p in (job.run_dir, job.calibration) if p is not None}
+    for path in sorted(paths):  # a grid received from others: its folders and calibrations must not lead elsewhere
+        folder = Path(path)
+        while folder != out and folder != folder.parent:
+            if folder.is_symlink():
+                raise GridError(f"{folder} is a symbolic link (to {os.readlink(folder)}); fedhv never follows links "
+                                "in a grid: remove it, or choose another --out")
+            folder = folder.parent
     stale: dict[str, dict[str, tuple[Any, Any]]] = {}
     for job in jobs:
         if job_state(job) != "new":
@@ -293,14 +301,15 @@ def _run_calibration(job: CalibrationJob) -> str:
 
 
 def _run_job(job: Job) -> dict[str, Any]:
-    from fedhv.experiment.calibration import CalibrationResult
+    from fedhv.experiment.calibration import load_calibration
     from fedhv.experiment.runner import resume_experiment, run_experiment
 
     path = Path(job.run_dir)
     handler = None
     try:
         path.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path / "run.log")
+        log_fd = open_nofollow(path / "run.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link
+        handler = logging.StreamHandler(os.fdopen(log_fd, "a", encoding="utf-8"))
         logger = logging.getLogger("fedhv")
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
@@ -310,7 +319,7 @@ def _run_job(job: Job) -> dict[str, Any]:
         cfg = load_config(job.source, job.overrides)
         calibration = None
         if job.calibration is not None:
-            calibration = CalibrationResult.from_dict(json.loads(Path(job.calibration).read_text()))
+            calibration = load_calibration(job.calibration)  # verified, never through a link
         write_json(path / "grid-job.json", {"setting": job.setting, "method": job.method, "seed": job.seed,
                                             "ablation": job.ablation, "variant": job.variant})
         return run_experiment(cfg, path, progress=False, calibration=calibration)
@@ -318,6 +327,7 @@ def _run_job(job: Job) -> dict[str, Any]:
         if handler is not None:
             logging.getLogger("fedhv").removeHandler(handler)
             handler.close()
+            handler.stream.close()  # a StreamHandler leaves its stream open
 
 
 # --------------------------------------------------------------------------- driver

@@ -276,6 +276,14 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o666) -> int:
         raise
 
 
+def read_bytes_nofollow(path: Path) -> bytes:
+    """The bytes of ``path``, opened with ``O_NOFOLLOW``: a symbolic link is a :class:`RunDirError`
+    naming it (an ``OSError`` such as ``FileNotFoundError`` passes through)."""
+    fd = open_nofollow(Path(path), os.O_RDONLY)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
 def _acquire_lock(path: Path) -> int:
     """An open file descriptor holding ``flock(LOCK_EX)`` on ``path/.lock``.
 
