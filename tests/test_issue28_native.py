@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fedhv.errors import ConfigError
-from fedhv.models.native.build import compiler, native_switch
+from fedhv.models.native.build import compiler
 
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no C++ compiler on this machine")
 LOAD = "from fedhv.models import native; import sys; print(native.available())"
@@ -49,6 +49,8 @@ def _copy(built: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_fedhv_native_takes_boolean_spellings_and_refuses_others() -> None:
+    from fedhv.models.native.build import native_switch
+
     for on in (None, "", "1", "true", "TRUE", "yes", "on"):
         assert native_switch(on) is True
     for off in ("0", "false", "False", "no", "off"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhv.results.collect import PooledRunsError, find_runs, group
+from fedhv.results.collect import find_runs, group
 from fedhv.results.tables import table1
 
 
@@ -42,6 +42,8 @@ def test_two_grids_with_another_learning_rate_are_two_rows(tmp_path: Path) -> No
 def test_the_same_seed_twice_in_one_cell_is_refused(tmp_path: Path) -> None:
     _run(tmp_path / "a", "s0", 0, None, 90.0)
     _run(tmp_path / "b", "s0", 0, None, 91.0)
+    from fedhv.results.collect import PooledRunsError
+
     with pytest.raises(PooledRunsError, match=r"are both fedhv seed 0 of multimnist"):
         find_runs(tmp_path)
 
