@@ -66,6 +66,9 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
         assert (out / name).is_file(), name
     assert not (out / "checkpoint.pt").exists()
     assert len(rounds_of(out)) == 2 and "run directory:" in output
+    assert json.loads((out / "summary.json").read_text())["engine"] == "sequential"  # what the nodes ran
+    argv = json.loads((out / "environment.json").read_text())["argv"]  # the ServerApp's (issue 29: its token)
+    assert "--token" in argv and argv[argv.index("--token") + 1] == "<redacted>", argv
     served = json.loads((out / "environment.json").read_text())["clients"]
     assert sorted(served) == ["0", "1", "2"]
     for k, info in served.items():  # the run records which file each node served

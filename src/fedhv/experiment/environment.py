@@ -15,6 +15,27 @@ import torch
 
 import fedhv
 
+#: Command-line options whose value is a secret (flwr-serverapp's ``--token`` authenticates it to the SuperLink).
+SECRET_OPTIONS = ("--token",)
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the values of :data:`SECRET_OPTIONS` replaced by ``"<redacted>"``."""
+    out: list[str] = []
+    hide = False
+    for arg in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+        elif arg in SECRET_OPTIONS:
+            out.append(arg)
+            hide = True
+        elif arg.split("=", 1)[0] in SECRET_OPTIONS and "=" in arg:
+            out.append(arg.split("=", 1)[0] + "=<redacted>")
+        else:
+            out.append(arg)
+    return out
+
 
 def git_revision() -> str | None:
     """The git commit of the fedhv source tree, if it is a git checkout."""
@@ -104,7 +125,7 @@ def environment(provenance: dict[str, Any] | None = None,
         "torch_threads": torch.get_num_threads(),
         "kernels": kernel_fingerprint(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv,
+        "argv": redacted_argv(sys.argv),
     }
     if provenance is not None:
         env["data"] = provenance

@@ -436,6 +436,8 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
                             describe_metrics(data.task_names, data.objective), rounds_done)
         if federation_factory is None:  # the engine that ran (a model vmap cannot run falls back to sequential)
             summary["engine"] = "batched" if hasattr(engine, "chunk") else "sequential"
+        else:  # another back-end's clients computed (Flower nodes run the sequential engine)
+            summary["engine"] = getattr(federation_factory, "engine", summary["engine"])
         run.write_json("summary.json", summary)
         # The run is complete: model.pt and summary.json replace the checkpoint.
         (run.path / CHECKPOINT_FILE).unlink(missing_ok=True)

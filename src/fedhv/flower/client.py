@@ -60,7 +60,14 @@ def node_partition(context: Context) -> tuple[int, int, str | None]:
 def hello(msg: Message, context: Context) -> Message:
     """Handshake: remember the run's configuration, load the node's data, say which client it is
     and what it serves (samples; file path and SHA-256 for data of its own)."""
-    text = str(msg.content.config_records[HELLO]["config"])
+    import fedhv
+
+    hello_record = msg.content.config_records[HELLO]
+    theirs = str(hello_record.get("fedhv-version", "unknown (older than 0.1.0)"))
+    if theirs != fedhv.__version__:
+        raise NodeError(f"this SuperNode runs fedhv {fedhv.__version__} but the server runs fedhv {theirs}; install "
+                        "the same fedhv version on the server and every node host")
+    text = str(hello_record["config"])
     pid, n, path = node_partition(context)
     worker = worker_for(text, pid, n, path)  # loads the data now and checks it fits the run
     context.state[HELLO] = ConfigRecord({"config": text})

@@ -111,7 +111,10 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
         raise FlowerSetupError(
             f"{len(ids)} SuperNodes connected within {wait_s:.0f} s but partition.clients = {num_clients}; start "
             f"one SuperNode per partition (--node-config \"partition-id=K num-partitions={num_clients}\")")
-    content = RecordDict({HELLO: ConfigRecord({"config": config_text})})
+    import fedhv
+
+    # the nodes refuse a server of another fedhv version (fedhv.flower.client.hello)
+    content = RecordDict({HELLO: ConfigRecord({"config": config_text, "fedhv-version": fedhv.__version__})})
     messages = [Message(content, dst_node_id=i, message_type=MessageType.QUERY, group_id="handshake") for i in ids]
     replies = round_trip(grid, messages, max(deadline - time.monotonic(), 30.0))
     nodes: dict[int, int] = {}

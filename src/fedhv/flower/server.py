@@ -65,6 +65,7 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
         return FlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, timeout,
                                 v.max_update_norm, v.max_update_norm_ratio, faults, cfg.train.aggregation)
 
+    factory.engine = "sequential"  # type: ignore[attr-defined]  # what the nodes run (fedhv.flower.node)
     # environment.json["clients"]: what each client's node served (its own file and SHA-256, or samples)
     factory.provenance = {str(k): nodes.served.get(k, {}) for k in sorted(nodes.nodes)}  # type: ignore[attr-defined]
     return factory

@@ -1,0 +1,54 @@
+"""Issue 29, item 4: defects of the Flower back-end found by hand.
+
+- nothing checked that the server and the nodes run the same fedhv version: a node now refuses
+  a handshake from a server of another version (or one that does not say its version), naming
+  both versions and the fix;
+- ``environment.json`` stored the ServerApp's ``--token``: command-line secrets are redacted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flower_support import needs_flwr
+
+
+@pytest.fixture
+def task_identity() -> object:
+    """The run / node identity a SuperNode sets before it runs a ClientApp handler."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    names = ("_run_id", "_node_id", "_task_id")
+    saved = [getattr(TaskIdentity, n) for n in names]
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 3
+    yield TaskIdentity
+    for name, value in zip(names, saved):
+        setattr(TaskIdentity, name, value)
+
+
+@needs_flwr
+@pytest.mark.parametrize("version", ["9.9.9", None])
+def test_a_node_refuses_a_server_of_another_fedhv_version(task_identity: object, version: str | None) -> None:
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+    import fedhv
+    from fedhv.flower.client import hello
+    from fedhv.flower.node import NodeError
+
+    record = {"config": "irrelevant"} | ({"fedhv-version": version} if version else {})
+    msg = Message(RecordDict({"fedhv.hello": ConfigRecord(record)}), dst_node_id=7, message_type=MessageType.QUERY)
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 1}, state=RecordDict(),
+                  run_config={})
+    with pytest.raises(NodeError, match=rf"this SuperNode runs fedhv {fedhv.__version__} but the server runs fedhv "
+                                        rf"{version or 'unknown'}.*install the same fedhv version"):
+        hello(msg, ctx)
+    assert "fedhv.hello" not in ctx.state.config_records  # nothing was taken from the refused server
+
+
+def test_the_serverapp_token_is_redacted_from_the_recorded_command_line() -> None:
+    from fedhv.experiment.environment import redacted_argv
+
+    argv = ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:1", "--token", "s3cr3t", "--run-once",
+            "--token=other"]
+    assert redacted_argv(argv) == ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:1", "--token",
+                                   "<redacted>", "--run-once", "--token=<redacted>"]
