@@ -3,10 +3,21 @@
 - nothing checked that the server and the nodes run the same fedhv version: a node now refuses
   a handshake from a server of another version (or one that does not say its version), naming
   both versions and the fix;
-- ``environment.json`` stored the ServerApp's ``--token``: command-line secrets are redacted.
+- ``environment.json`` stored the ServerApp's ``--token``: command-line secrets are redacted;
+- a warning named a node's log file in a work directory that was removed when the run then
+  succeeded: the work directory is kept (and named) when a process exited during the run.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +63,36 @@ def test_the_serverapp_token_is_redacted_from_the_recorded_command_line() -> Non
             "--token=other"]
     assert redacted_argv(argv) == ["flwr-serverapp", "--serverappio-api-address", "127.0.0.1:1", "--token",
                                    "<redacted>", "--run-once", "--token=<redacted>"]
+
+
+@needs_flwr
+def test_the_log_a_warning_names_is_kept_when_the_run_then_succeeds(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A SuperNode dies after round 1; the run finishes with the other node (stage timeout). Before,
+    the warning named ``supernode-1.log`` in a work directory removed when the run succeeded."""
+    from fedhv.config import load_config
+    from fedhv.flower.local import run_local
+
+    from conftest import SMALL
+
+    cfg = load_config("multimnist", [*SMALL, "partition.clients=2", "train.clients_per_round=2", "rounds=3",
+                                     'method="uniform"', "eval.test_period=3"])
+    out = tmp_path / "run"
+
+    def kill_after_round_one(dep: object) -> None:
+        def watch() -> None:
+            while not (out / "rounds.jsonl").exists() or (out / "rounds.jsonl").read_bytes().count(b"\n") < 1:
+                time.sleep(0.05)
+            node = next(p for name, p in dep.procs if name == "supernode-1")  # type: ignore[attr-defined]
+            os.kill(node.pid, signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    run = run_local(cfg, 2, out, stage_timeout=8.0, on_start=kill_after_round_one)
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 3
+    err = capsys.readouterr().err
+    named = re.search(r"see (\S+supernode-1\.log)\)", err)
+    assert named is not None, err
+    assert Path(named.group(1)).is_file()  # the log the warning named is still there
+    assert "are kept in" in err
+    shutil.rmtree(Path(named.group(1)).parent, ignore_errors=True)

@@ -347,8 +347,8 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     the SuperNodes refuse plain stages (``--node-config secure-aggregation=true``; runs must use
     ``flower.secure_aggregation = true``, :mod:`fedhv.flower.secure`). On exit
     every started process group
-    is stopped; the work directory (logs, certificates) is removed unless a run failed or
-    ``keep_workdir``.
+    is stopped; the work directory (logs, certificates) is removed unless a run failed, a
+    process exited during the run (its log was named in a warning) or ``keep_workdir``.
     """
     if nodes < 1:
         raise FlowerRunError(f"--nodes {nodes}: need at least one SuperNode; give --nodes 1 or more")
@@ -404,8 +404,11 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
         ok = True
     finally:
         dep.stop()
-        if ok and not keep_workdir:
+        if ok and not keep_workdir and not dep.lost:
             shutil.rmtree(workdir, ignore_errors=True)
+        elif ok and dep.lost:  # the warnings named these logs: keep them
+            print(f"note: the logs of {', '.join(sorted(dep.lost))} (which exited during the run) are kept in "
+                  f"{workdir}", file=sys.stderr)
 
 
 def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, *, isolation: str = "process",
