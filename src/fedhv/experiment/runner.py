@@ -113,6 +113,9 @@ class RunHooks:
     """
 
     on_round: Callable[[int, dict[str, Any]], Any] | None = None
+    #: Progress of sub-tasks (the calibration): ``(total, description) -> bar`` with ``update()`` and
+    #: ``close()``, used instead of a tqdm bar (a Flower ServerApp logs its progress this way).
+    progress: Callable[[int, str], Any] | None = None
 
 
 class _StopRun(Exception):
@@ -155,8 +158,8 @@ def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:
 
 
 def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | None,
-             federation_factory: FederationFactory | None = None, resume: Path | None = None
-             ) -> tuple[FederatedData, MethodSetup]:
+             federation_factory: FederationFactory | None = None, resume: Path | None = None,
+             hooks: RunHooks | None = None) -> tuple[FederatedData, MethodSetup]:
     """Threads, data and the built method (calibrating unless ``calibration`` is given).
 
     Every run and resume starts here, so this is where the simulator (no ``federation_factory``)
@@ -167,7 +170,8 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = federated_data(cfg)
-    return data, build_method(cfg, data, _bar_factory(progress), calibration, federation_factory)
+    bars = hooks.progress if hooks is not None and hooks.progress is not None else _bar_factory(progress)
+    return data, build_method(cfg, data, bars, calibration, federation_factory)
 
 
 def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progress: bool = True,
@@ -205,7 +209,7 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
     run = out if isinstance(out, RunDir) else claim_run_dir(cfg, out, overwrite)
     with sigterm_as_interrupt():
         try:
-            data, setup = _prepare(cfg, progress, calibration, federation_factory)
+            data, setup = _prepare(cfg, progress, calibration, federation_factory, hooks=hooks)
             run.write_text("config.toml", dumps(to_dict(cfg)))
             # a federation factory may say what its clients serve (Flower: each node's data)
             run.write_json("environment.json", environment(data.provenance,
@@ -282,7 +286,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     calibration = None
     if (path / "calibration.json").exists():
         calibration = load_calibration(path / "calibration.json")  # verifies its digest
-    data, setup = _prepare(cfg, progress, calibration, federation_factory, path)
+    data, setup = _prepare(cfg, progress, calibration, federation_factory, path, hooks=hooks)
     if ckpt is not None:  # round range, model size, state kind and task count
         check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(new_model(cfg, data, cfg.seed)).numel(),
                          setup.algorithm.init_state(data.num_tasks))

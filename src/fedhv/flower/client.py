@@ -28,6 +28,7 @@ from fedhv.flower.node import NodeError, config_sha, worker_for
 from fedhv.flower.protocol import (
     HELD,
     HELLO,
+    INFO,
     MODEL,
     NODE,
     as_int,
@@ -62,6 +63,10 @@ def hello(msg: Message, context: Context) -> Message:
     and what it serves (samples; file path and SHA-256 for data of its own)."""
     import fedhv
 
+    if INFO in msg.content.config_records:  # the app's discovery: which partition, of how many
+        pid, n, path = node_partition(context)
+        info = {"partition-id": pid, "num-partitions": n, "fedhv-version": fedhv.__version__}
+        return Message(RecordDict({NODE: ConfigRecord(info)}), reply_to=msg)  # type: ignore[arg-type]
     hello_record = msg.content.config_records[HELLO]
     theirs = str(hello_record.get("fedhv-version", "unknown (older than 0.1.0)"))
     if theirs != fedhv.__version__:

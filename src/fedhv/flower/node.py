@@ -55,7 +55,10 @@ def node_data(data: FederatedData, client: int) -> FederatedData:
                                parts=parts, eval_sets={})
 
 
-_DATA: dict[str, FederatedData] = {}
+#: ``key`` (the data / partition configuration), ``full`` (the benchmark) and ``clients`` (client ->
+#: its samples): one process may serve several clients, as a Simulation Engine actor serves many
+#: virtual SuperNodes; they share the benchmark and each keeps its samples.
+_DATA: dict[str, object] = {}
 
 
 def partition_data(cfg: RunConfig, client: int) -> FederatedData:
@@ -64,16 +67,26 @@ def partition_data(cfg: RunConfig, client: int) -> FederatedData:
     A long-lived ClientApp process serves run after run (a grid, a resumed run, the tests);
     the node's samples depend only on ``[data]``, ``[partition]``, ``dtype``, ``device`` and
     the data / cache folders, so a run that changes anything else (seed, method, rounds,
-    learning rates) reuses them instead of loading the benchmark again. One entry is kept.
+    learning rates) reuses them instead of loading the benchmark again. A process that serves
+    several clients (a Simulation Engine actor) keeps the benchmark and each client's samples;
+    one that serves one client (a SuperNode) keeps only its samples.
     The tensors are never written to (engines only gather from them).
     """
     d = to_dict(cfg)
-    key = json.dumps([d["data"], d["partition"], cfg.dtype, cfg.device, client, os.environ.get("FEDHV_DATA"),
+    key = json.dumps([d["data"], d["partition"], cfg.dtype, cfg.device, os.environ.get("FEDHV_DATA"),
                       os.environ.get("FEDHV_CACHE")], sort_keys=True, default=str)
-    if key not in _DATA:
+    if _DATA.get("key") != key:  # another benchmark or partition: forget the previous one's clients
         _DATA.clear()
-        _DATA[key] = node_data(federated_data(cfg), client)
-    return _DATA[key]
+        _DATA["key"] = key
+    clients: dict[int, FederatedData] = _DATA.setdefault("clients", {})  # type: ignore[assignment]
+    if client not in clients:
+        full = _DATA.get("full")
+        if full is None:
+            full = _DATA["full"] = federated_data(cfg)  # type: ignore[assignment]
+        clients[client] = node_data(full, client)  # type: ignore[arg-type]
+        if len(clients) == 1:  # a process of one client (a real SuperNode) keeps its samples only
+            del _DATA["full"]
+    return clients[client]
 
 
 @dataclass
@@ -248,6 +261,7 @@ def worker_for(config_text: str, partition: int, num_partitions: int, data_path:
     the data once per run, not once per message."""
     key = (config_sha(config_text), partition, num_partitions, data_path or "")
     if key not in _WORKERS:
-        _WORKERS.clear()  # one run at a time per node: drop the previous run's data
+        for old in [k for k in _WORKERS if k[0] != key[0]]:  # one run at a time: drop the previous run's workers
+            del _WORKERS[old]
         _WORKERS[key] = NodeWorker(config_text, partition, num_partitions, data_path)
     return _WORKERS[key]

@@ -39,6 +39,8 @@ from fedhv.algorithms.validation import ClientReply
 from fedhv.flower.node import StageOrder, StageResult
 
 HELLO, NODE = "fedhv.hello", "fedhv.node"
+#: A query that asks a node only for its partition (``partition-id``, ``num-partitions``): no data is loaded.
+INFO = "fedhv.info"
 MODEL, STAGE, PAYLOAD = "fedhv.model", "fedhv.stage", "fedhv.payload"
 REPORT, UPDATE = "fedhv.report", "fedhv.update"
 BUFFERS = "fedhv.buffers"

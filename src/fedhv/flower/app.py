@@ -1,0 +1,208 @@
+"""The fedhv Flower App: ``flwr run flower-app <connection>`` in simulation or deployment.
+
+Components (``flower-app/pyproject.toml``): ``serverapp = "fedhv.flower.app:server_app"``,
+``clientapp = "fedhv.flower.app:client_app"`` (the ClientApp of :mod:`fedhv.flower.client`).
+The run options are Flower run-config keys (``[tool.flwr.app.config]``, overridden with
+``flwr run … --run-config 'k=v …'``), read from ``context.run_config`` by :func:`app_options`:
+
+================== ========================================================================
+key                meaning
+================== ========================================================================
+``setting``        a preset name (``fedhv presets``) or a TOML file on the ServerApp's host
+``method``         ``fedhv``, ``uniform``, ``fsmgda`` or ``fedcmoo``
+``rounds``         rounds (0: the setting's)
+``seed``           the run's seed
+``set``            ``--set`` overrides, separated by ``;`` (``"train.lr_local=0.01; eval.test_period=5"``)
+``clients``        clients (0: one per SuperNode, ``num-partitions`` of the nodes' ``node_config``)
+``out``            the run directory on the ServerApp's host (empty: ``runs/<setting>-<method>-s<seed>-flower-<time>``
+                   under the ServerApp's working directory: give an absolute path)
+``resume``         an unfinished run directory to continue (the other keys are then ignored)
+``data-dir``       the ServerApp's data folder (its test set); empty: ``FEDHV_DATA``
+``stage-timeout``  seconds a stage waits for replies (0: until every client answered)
+``node-wait``      seconds to wait for the SuperNodes
+================== ========================================================================
+
+The partition of each SuperNode comes from its ``node_config`` (``partition-id``,
+``num-partitions``): the Simulation Engine sets both for its virtual SuperNodes; a real
+SuperNode is started with ``--node-config "partition-id=K num-partitions=N"`` (and
+``data-path=FILE`` for data of its own). The ServerApp logs its progress (calibration rounds,
+each round, the final metrics), which ``flwr run --stream`` / ``flwr log`` show.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedhv.config import dumps, to_dict
+from fedhv.config.loader import config_from_toml_text
+from fedhv.config.schema import RunConfig
+from fedhv.flower.client import app as client_app
+from fedhv.flower.federation import FlowerSetupError, round_trip
+from fedhv.flower.protocol import INFO, NODE, as_int
+
+server_app = ServerApp()
+log = logging.getLogger("fedhv")
+
+__all__ = ["AppOptions", "app_options", "client_app", "discover_partitions", "server_app"]
+
+#: The app's run-config keys and their defaults (``flower-app/pyproject.toml`` holds the same).
+DEFAULTS: dict[str, Any] = {"setting": "multimnist", "method": "fedhv", "rounds": 0, "seed": 0, "set": "",
+                            "clients": 0, "out": "", "resume": "", "data-dir": "", "stage-timeout": 0.0,
+                            "node-wait": 120.0}
+
+
+@dataclass(frozen=True)
+class AppOptions:
+    """The app's run options, checked (one line naming the key, the value and the fix)."""
+
+    setting: str
+    method: str
+    rounds: int
+    seed: int
+    overrides: tuple[str, ...]
+    clients: int
+    out: str
+    resume: str
+    data_dir: str
+    stage_timeout: float
+    node_wait: float
+
+
+def app_options(run_config: dict[str, Any]) -> AppOptions:
+    """:class:`AppOptions` from ``context.run_config`` (missing keys take :data:`DEFAULTS`)."""
+    unknown = sorted(set(run_config) - set(DEFAULTS))
+    if unknown:
+        raise FlowerSetupError(f"run config keys {unknown} are not fedhv app options; known: {sorted(DEFAULTS)}")
+    rc = {**DEFAULTS, **run_config}
+
+    def number(key: str, kind: type, low: float) -> Any:
+        value = rc[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+                kind is int and int(value) != value):
+            raise FlowerSetupError(f"run config {key} = {value!r}: expected {kind.__name__} >= {low}; give e.g. "
+                                   f"--run-config '{key}={DEFAULTS[key]}'")
+        return kind(value)
+
+    overrides = tuple(part.strip() for part in str(rc["set"]).split(";") if part.strip())
+    return AppOptions(str(rc["setting"]), str(rc["method"]), number("rounds", int, 0), number("seed", int, 0),
+                      overrides, number("clients", int, 0), str(rc["out"]), str(rc["resume"]), str(rc["data-dir"]),
+                      number("stage-timeout", float, 0), number("node-wait", float, 0))
+
+
+def discover_partitions(grid: Grid, wait_s: float) -> int:
+    """The number of partitions the SuperNodes serve (their ``num-partitions``), once that many are
+    connected: each new node is asked for its ``node_config`` (no data is loaded)."""
+    deadline = time.monotonic() + wait_s
+    asked: set[int] = set()
+    want: int | None = None
+    while True:
+        ids = set(grid.get_node_ids())
+        new = sorted(ids - asked)
+        if new:
+            msgs = [Message(RecordDict({INFO: ConfigRecord({})}), dst_node_id=i, message_type=MessageType.QUERY,
+                            group_id="discover") for i in new]
+            for reply in round_trip(grid, msgs, max(deadline - time.monotonic(), 30.0)):
+                if reply.has_error():
+                    raise FlowerSetupError(f"SuperNode {reply.metadata.src_node_id} failed discovery: "
+                                           f"{reply.error.reason}")
+                n = as_int(reply.content.config_records[NODE]["num-partitions"], "num-partitions")
+                if want is not None and n != want:
+                    raise FlowerSetupError(f"SuperNodes disagree on num-partitions ({want} and {n}); start every "
+                                           "SuperNode with the same --node-config num-partitions")
+                want = n
+            asked |= set(new)
+        if want is not None and len(ids) >= want:
+            return want
+        if time.monotonic() > deadline:
+            raise FlowerSetupError(f"{len(ids)} SuperNodes connected within {wait_s:.0f} s" + (
+                f" but they serve {want} partitions" if want else "") + "; start one SuperNode per partition")
+        time.sleep(0.5)
+
+
+class LogProgress:
+    """A progress 'bar' that logs ``fedhv: <description> k/N`` (what ``flwr log`` shows)."""
+
+    def __init__(self, total: int, description: str) -> None:
+        self.total, self.description, self.n = total, description, 0
+        log.info("fedhv: %s 0/%d", description, total)
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        log.info("fedhv: %s %d/%d", self.description, self.n, self.total)
+
+    def close(self) -> None:
+        pass
+
+
+def _round_line(total: int) -> Any:
+    def on_round(round_done: int, record: dict[str, Any]) -> None:
+        ev = record.get("evaluation") or {}
+        extra = "".join(f", {k} {ev[k]:.2f}" for k in ("mean_acc", "worst_acc") if isinstance(ev.get(k), float))
+        log.info("fedhv: round %d/%d%s", round_done, total, extra)
+
+    return on_round
+
+
+def run_config_to_fedhv(opts: AppOptions, nodes: int) -> RunConfig:
+    """The resolved configuration of a new run: the setting with the options, one client per
+    partition unless ``clients`` says otherwise."""
+    from fedhv.flower.local import local_config
+
+    extra = [f'method="{opts.method}"', f"seed={opts.seed}"] + ([f"rounds={opts.rounds}"] if opts.rounds else [])
+    return local_config(opts.setting, opts.clients or nodes, [*opts.overrides, *extra])
+
+
+def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
+    """Run (or resume) the experiment the run config describes; returns its summary."""
+    from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
+    from fedhv.flower.server import federation_factory
+
+    opts = app_options(run_config)
+    if opts.data_dir:
+        os.environ["FEDHV_DATA"] = opts.data_dir  # this process's (the server's) data only
+    timeout = opts.stage_timeout or None
+    if opts.resume:
+        from pathlib import Path
+
+        log.info("fedhv: resuming %s", opts.resume)
+        text = (Path(opts.resume) / "config.toml").read_text()
+        cfg = config_from_toml_text(text)
+        hooks = RunHooks(on_round=_round_line(cfg.rounds), progress=LogProgress)
+        factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
+        summary = resume_experiment(opts.resume, progress=False, federation_factory=factory, hooks=hooks)
+        return {**summary, "run_dir": opts.resume}
+    nodes = discover_partitions(grid, opts.node_wait)
+    cfg = run_config_to_fedhv(opts, nodes)
+    text = dumps(to_dict(cfg))
+    log.info("fedhv: %s %s seed %d on %d SuperNodes, %d rounds", cfg.setting, cfg.method, cfg.seed, nodes, cfg.rounds)
+    from pathlib import Path
+
+    from fedhv.flower.local import default_out
+
+    out = Path(opts.out or default_out(cfg)).resolve()
+    log.info("fedhv: run directory %s", out)
+    factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
+    hooks = RunHooks(on_round=_round_line(cfg.rounds), progress=LogProgress)
+    summary = run_experiment(cfg, out, progress=False, federation_factory=factory, hooks=hooks)
+    return {**summary, "run_dir": str(out)}
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """ServerApp entry point: the run, its progress and its final metrics in the run's log."""
+    from fedhv.flower.server import fast_pulls
+
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log.setLevel(logging.INFO)
+    fast_pulls()
+    summary = serve_app(grid, dict(context.run_config))
+    log.info("fedhv: finished: MeanAcc %s, WorstAcc %s, HV %s; run directory %s", summary.get("mean_acc"),
+             summary.get("worst_acc"), summary.get("hv"), summary.get("run_dir"))

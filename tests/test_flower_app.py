@@ -1,0 +1,101 @@
+"""Issue 29, item 1: the repository's Flower App (``flower-app/``) run with ``flwr run``.
+
+- in Flower's Simulation Engine (Ray, from ``flwr[simulation]``): ``flwr run flower-app sim
+  --federation-config num-supernodes=3 --run-config …`` as a real process, with the local
+  SuperLink the Flower CLI starts itself: the run directory is complete, its rounds (clients,
+  reports, weights) and model equal ``fedhv run``'s float64 run bit for bit, the run's log
+  (``--stream``) shows the calibration and every round, and every process is stopped by PID
+  afterwards (the Flower CLI leaves its local SuperLink running);
+- the app's options: ``flower-app/pyproject.toml`` holds exactly :data:`fedhv.flower.app.DEFAULTS`,
+  and bad values are one line naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+
+from fedhv.config import load_config
+from fedhv.experiment.runner import run_experiment
+from flower_support import assert_gone, needs_flwr, rounds_of, theta_of
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = ["partition.samples_per_client=64", "train.batch_size=16", "train.local_steps=3", "calibration.rounds=1",
+        "data.max_test_samples=300", "eval.test_period=1", "dtype='float64'"]
+
+
+def test_the_app_declares_exactly_the_options_it_reads() -> None:
+    from fedhv.flower.app import DEFAULTS
+
+    app = tomllib.loads((ROOT / "flower-app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert app["config"] == DEFAULTS
+    assert app["components"] == {"serverapp": "fedhv.flower.app:server_app", "clientapp": "fedhv.flower.app:client_app"}
+
+
+@needs_flwr
+def test_bad_app_options_are_one_line_naming_the_key() -> None:
+    from fedhv.flower.app import app_options
+    from fedhv.flower.federation import FlowerSetupError
+
+    opts = app_options({"rounds": 5, "set": "train.lr_local=0.01; eval.test_period=5 ;"})
+    assert opts.rounds == 5 and opts.overrides == ("train.lr_local=0.01", "eval.test_period=5")
+    with pytest.raises(FlowerSetupError, match=r"run config rounds = -1: expected int >= 0"):
+        app_options({"rounds": -1})
+    with pytest.raises(FlowerSetupError, match=r"run config seed = 1.5: expected int"):
+        app_options({"seed": 1.5})
+    with pytest.raises(FlowerSetupError, match=r"run config keys \['lr'\] are not fedhv app options"):
+        app_options({"lr": 0.1})
+
+
+def _ray_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
+@needs_flwr
+@pytest.mark.skipif(not _ray_available(), reason="the Simulation Engine needs ray: pip install -e '.[flower]'")
+def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path: Path) -> None:
+    from fedhv.flower.lifetime import marked, sweep
+    from fedhv.flower.procs import free_ports
+
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = ":local:"\n')
+    token = uuid.uuid4().hex  # every process of the run carries it: found and stopped by PID afterwards
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_ports(1)[0]),
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0",
+           "FLWR_DISABLE_UPDATE_CHECK": "1", "FEDHV_DEPLOYMENT": token,
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    out = tmp_path / "run"
+    run_config = f'rounds=2 seed=3 set="{"; ".join(SETS)}" out="{out}"'
+    flwr = str(Path(sys.executable).parent / "flwr")
+    seen: list[int] = []
+    try:
+        res = subprocess.run([flwr, "run", str(ROOT / "flower-app"), "sim", "--federation-config",
+                              "num-supernodes=3 client-resources-num-cpus=1", "--run-config", run_config, "--stream"],
+                             capture_output=True, text=True, env=env, timeout=540, check=False)
+        seen = marked(token)
+    finally:
+        sweep(token, grace_s=3.0)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-3000:]
+    for line in ("fedhv: calibration 1/1", "fedhv: round 1/2", "fedhv: round 2/2", "fedhv: finished: MeanAcc"):
+        assert line in log, log[-3000:]
+    assert seen and not marked(token)  # the CLI's local SuperLink (and what it started) ran, and is gone
+    assert_gone(set(seen))
+    sim = tmp_path / "sim"
+    run_experiment(load_config("multimnist", [*SETS, "partition.clients=3", "train.clients_per_round=3", "rounds=2",
+                                              "seed=3", 'engine="sequential"']), sim, progress=False)
+    got, want = rounds_of(out), rounds_of(sim)
+    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 2
+    assert [r["report"] for r in got] == [r["report"] for r in want]
+    assert [r["weights"] for r in got] == [r["weights"] for r in want]
+    assert torch.equal(theta_of(out), theta_of(sim))
