@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -99,3 +100,50 @@ def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path:
     assert [r["report"] for r in got] == [r["report"] for r in want]
     assert [r["weights"] for r in got] == [r["weights"] for r in want]
     assert torch.equal(theta_of(out), theta_of(sim))
+
+
+def _sim_env(tmp_path: Path, token: str) -> dict[str, str]:
+    from fedhv.flower.procs import free_ports
+
+    home = tmp_path / "flwr-home"
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text('[superlink]\ndefault = "sim"\n\n[superlink.sim]\naddress = ":local:"\n')
+    return {**os.environ, "FLWR_HOME": str(home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_ports(1)[0]),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1", "FEDHV_DEPLOYMENT": token,
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+
+@needs_flwr
+@pytest.mark.skipif(not _ray_available(), reason="the Simulation Engine needs ray: pip install -e '.[flower]'")
+def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
+    """``examples/flower_own_app`` (a user's own model, tasks and data; its own ServerApp and ClientApp)
+    with :class:`fedhv.flower.strategy.FedHVStrategy` in the Simulation Engine: the reference is the
+    calibration's max report + 0.15, and each round's weights are the HV map of the previous
+    round's averaged report (checked against numpy from the logged values)."""
+    import json
+    import re
+
+    import numpy as np
+
+    from fedhv.flower.lifetime import sweep
+
+    token = uuid.uuid4().hex
+    flwr = str(Path(sys.executable).parent / "flwr")
+    try:
+        res = subprocess.run([flwr, "run", str(ROOT / "examples" / "flower_own_app"), "sim", "--federation-config",
+                              "num-supernodes=4 client-resources-num-cpus=1", "--run-config",
+                              "num-server-rounds=6 calibration-rounds=2", "--stream"],
+                             capture_output=True, text=True, env=_sim_env(tmp_path, token), timeout=540, check=False)
+    finally:
+        sweep(token, grace_s=3.0)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0 and "own_app: fedhv final test accuracy" in log, log[-3000:]
+    reference = np.array(json.loads(re.search(r"reference r = (\[[^\]]*\])", log).group(1)))  # type: ignore[union-attr]
+    rows = [(int(m.group(1)), np.array(json.loads(m.group(2))), np.array(json.loads(m.group(3))))
+            for m in re.finditer(r"own_app: train round (\d+) report (\[[^\]]*\]) weights (\[[^\]]*\])", log)]
+    assert [r[0] for r in rows] == [4, 5, 6]
+    for (_, report, _), (_, _, weights) in itertools.pairwise(rows):  # w^{t+1} ∝ 1 / max(r - F^t, rho)
+        inv = 1.0 / np.maximum(reference - report, 1e-6)
+        np.testing.assert_allclose(weights, inv / inv.sum(), atol=2e-4)  # the log rounds to 4 digits
+    assert abs(rows[-1][2].sum() - 1) < 1e-3 and not np.allclose(rows[-1][2], 0.5)
