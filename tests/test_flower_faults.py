@@ -144,7 +144,10 @@ def test_held_gradients_are_bound_to_their_model() -> None:
         msg.metadata.__dict__["_message_id"] = msg.object_id
         return msg
 
-    client.hello(incoming(RecordDict({HELLO: ConfigRecord({"config": text})}), MessageType.QUERY), ctx)
+    import fedhv
+
+    client.hello(incoming(RecordDict({HELLO: ConfigRecord({"config": text, "fedhv-version": fedhv.__version__})}),
+                          MessageType.QUERY), ctx)
     import torch
 
     d = sum(p.numel() for p in client.worker_for(text, 0, NODES).model.parameters())
