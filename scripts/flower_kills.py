@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -29,48 +28,13 @@ from pathlib import Path
 
 import torch
 
+from fedhv.flower.lifetime import descendants, mark_of
+
 SETS = ["partition.clients=2", "partition.samples_per_client=64", "train.clients_per_round=2", "train.batch_size=16",
         "train.local_steps=3", "calibration.rounds=3", "data.max_test_samples=300", "eval.test_period=2",
         'dtype="float64"']
 ROUNDS = 8
 CLI = [sys.executable, "-m", "fedhv.cli"]
-
-
-def _ppids() -> dict[int, int]:
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z":
-                out[int(entry)] = int(fields[1])
-    return out
-
-
-def descendants(root: int) -> set[int]:
-    parents = _ppids()
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        kids = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= kids
-        frontier = kids
-    return found
-
-
-def token_of(pids: set[int]) -> str | None:
-    for pid in pids:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(b"FEDHV_DEPLOYMENT="):
-                return item.split(b"=", 1)[1].decode()
-    return None
 
 
 def survivors(seen: set[int], token: str | None, wait_s: float = 15.0) -> list[int]:
@@ -141,7 +105,7 @@ def case(base: Path, reference: Path, sig: signal.Signals, moment: str) -> tuple
     if proc.poll() is not None:
         return False, f"the run ended (status {proc.returncode}) before the moment {moment}"
     seen |= descendants(proc.pid)
-    token = token_of(seen)
+    token = mark_of(seen)
     at = lines(run / "rounds.jsonl")
     proc.send_signal(sig)
     proc.communicate(timeout=120)

@@ -138,15 +138,9 @@ def _resume_cmd(out: Path) -> list[str]:
 
 
 def _token(pids: set[int]) -> str | None:
-    for pid in pids:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(MARK.encode() + b"="):
-                return item.split(b"=", 1)[1].decode()
-    return None
+    from fedhv.flower.lifetime import mark_of
+
+    return mark_of(pids)
 
 
 def _cmdline(pid: int) -> bytes:

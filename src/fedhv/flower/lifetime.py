@@ -80,6 +80,35 @@ def alive(pid: int, ticks: int | None = None) -> bool:
     return ticks is None or int(fields[19]) == ticks
 
 
+def descendants(root: int) -> set[int]:
+    """The live descendants of ``root`` (``/proc`` parent links; zombies left out)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        fields = _stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and fields[0] not in ("Z", "X", "x"):
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def mark_of(pids: Iterable[int]) -> str | None:
+    """The ``FEDHV_DEPLOYMENT`` mark of the first of ``pids`` that carries one."""
+    prefix = f"{MARK}=".encode()
+    for pid in pids:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(prefix):
+                return item[len(prefix):].decode()
+    return None
+
+
 def marked(token: str, exclude: Iterable[int] = ()) -> list[int]:
     """PIDs of live processes whose environment holds ``FEDHV_DEPLOYMENT=token`` (not ``exclude``)."""
     needle = f"{MARK}={token}".encode()

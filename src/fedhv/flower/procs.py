@@ -66,20 +66,10 @@ def _listening_inodes(port: int) -> set[str] | None:
 
 
 def _tree(root: int) -> set[int]:
-    """``root`` and its live descendants (``/proc`` parent links)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    tree, frontier = {root}, {root}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - tree
-        tree |= frontier
-    return tree
+    """``root`` and its live descendants."""
+    from fedhv.flower.lifetime import descendants
+
+    return {root} | descendants(root)
 
 
 def listens_on(pid: int, port: int) -> bool | None:
