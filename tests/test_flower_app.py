@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -114,13 +113,55 @@ def _sim_env(tmp_path: Path, token: str) -> dict[str, str]:
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 
 
+def _plain_fedhv(calibration_rounds: int, rounds: int, nodes: int, lr: float, steps: int
+                 ) -> tuple[dict[str, torch.Tensor], list[list[float]]]:
+    """The oracle: FedHV written out in plain PyTorch / numpy over the example's own model and local
+    training (calibration: uniform rounds from the initial model, r = max report + 0.15; then the
+    rounds from the initial model again, w^{t+1} ∝ 1 / max(r − F^t, 1e-6)); the final state and the
+    weights of every round of the run."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "examples" / "flower_own_app"))
+    try:
+        from own_app.task import Net, local_update
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    initial = {k: v.clone() for k, v in Net().state_dict().items()}
+
+    def one_round(state: dict[str, torch.Tensor], w: list[float], r: int) -> tuple[dict, list[float]]:
+        states, reports = [], []
+        for k in range(nodes):
+            model = Net()
+            model.load_state_dict(state)
+            report, _ = local_update(model, k, nodes, w, r, lr, steps)
+            states.append(model.state_dict())
+            reports.append(report)
+        mean = {key: torch.stack([s[key].double() for s in states]).mean(0) for key in state}
+        return mean, np.mean(reports, axis=0).tolist()
+
+    state, uniform, seen = initial, [0.5, 0.5], []
+    for r in range(1, calibration_rounds + 1):
+        state, report = one_round(state, uniform, r)
+        seen.append(report)
+    reference = np.max(seen, axis=0) + 0.15
+    state, w, used = initial, uniform, []
+    for r in range(1, rounds + 1):
+        used.append(list(w))
+        state, report = one_round(state, w, r)
+        inv = 1.0 / np.maximum(reference - np.asarray(report), 1e-6)
+        w = (inv / inv.sum()).tolist()
+    return state, used
+
+
 @needs_flwr
 @pytest.mark.skipif(not _ray_available(), reason="the Simulation Engine needs ray: pip install -e '.[flower]'")
 def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
-    """``examples/flower_own_app`` (a user's own model, tasks and data; its own ServerApp and ClientApp)
-    with :class:`fedhv.flower.strategy.FedHVStrategy` in the Simulation Engine: the reference is the
-    calibration's max report + 0.15, and each round's weights are the HV map of the previous
-    round's averaged report (checked against numpy from the logged values)."""
+    """``examples/flower_own_app`` — a user's own model (with BatchNorm), tasks of two kinds
+    (classification and regression), a client smaller than a batch, its own ServerApp and
+    ClientApp — with :class:`fedhv.flower.strategy.FedHVStrategy` in the Simulation Engine: the
+    final model (weights and BatchNorm statistics) equals FedHV written out in plain PyTorch
+    (:func:`_plain_fedhv`) to float32 round-off, and so do the logged weights of the last rounds."""
     import json
     import re
 
@@ -130,20 +171,25 @@ def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
 
     token = uuid.uuid4().hex
     flwr = str(Path(sys.executable).parent / "flwr")
+    out = tmp_path / "final.pt"
     try:
         res = subprocess.run([flwr, "run", str(ROOT / "examples" / "flower_own_app"), "sim", "--federation-config",
                               "num-supernodes=4 client-resources-num-cpus=1", "--run-config",
-                              "num-server-rounds=6 calibration-rounds=2", "--stream"],
+                              f'num-server-rounds=6 calibration-rounds=2 out="{out}"', "--stream"],
                              capture_output=True, text=True, env=_sim_env(tmp_path, token), timeout=540, check=False)
     finally:
         sweep(token, grace_s=3.0)
     log = res.stdout + res.stderr
-    assert res.returncode == 0 and "own_app: fedhv final test accuracy" in log, log[-3000:]
-    reference = np.array(json.loads(re.search(r"reference r = (\[[^\]]*\])", log).group(1)))  # type: ignore[union-attr]
-    rows = [(int(m.group(1)), np.array(json.loads(m.group(2))), np.array(json.loads(m.group(3))))
-            for m in re.finditer(r"own_app: train round (\d+) report (\[[^\]]*\]) weights (\[[^\]]*\])", log)]
+    assert res.returncode == 0 and "own_app: fedhv final test metrics" in log, log[-3000:]
+    want, weights = _plain_fedhv(2, 6, 4, 0.1, 5)
+    got = torch.load(out, weights_only=True)
+    assert set(got) == set(want) and "encoder.1.running_mean" in got
+    for key, value in want.items():
+        torch.testing.assert_close(got[key].double(), value, rtol=1e-4, atol=1e-5, msg=key)
+    assert float((got["encoder.1.running_var"] - 1).abs().max()) > 0.05  # the statistics moved
+    rows = [(int(m.group(1)), json.loads(m.group(2))) for m in
+            re.finditer(r"own_app: train round (\d+) report \[[^\]]*\] weights (\[[^\]]*\])", log)]
     assert [r[0] for r in rows] == [4, 5, 6]
-    for (_, report, _), (_, _, weights) in itertools.pairwise(rows):  # w^{t+1} ∝ 1 / max(r - F^t, rho)
-        inv = 1.0 / np.maximum(reference - report, 1e-6)
-        np.testing.assert_allclose(weights, inv / inv.sum(), atol=2e-4)  # the log rounds to 4 digits
-    assert abs(rows[-1][2].sum() - 1) < 1e-3 and not np.allclose(rows[-1][2], 0.5)
+    for r, logged in rows:
+        np.testing.assert_allclose(logged, weights[r - 1], atol=2e-4)  # the log rounds to 4 digits
+    assert not np.allclose(weights[-1], 0.5, atol=1e-3)  # FedHV moved the weights

@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedhv.flower.strategy import FedHVStrategy, UniformStrategy
-from own_app.task import TASKS, Net, accuracies, test_data
+from own_app.task import TASKS, Net, metrics, test_data
 
 app = ServerApp()
 log = logging.getLogger("own_app")
@@ -23,7 +23,7 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     torch.manual_seed(0)
     model = Net()
-    nodes = 2
+    nodes = int(rc["nodes"])
     kind = str(rc["strategy"])
     if kind == "fedhv":
         strategy = FedHVStrategy(len(TASKS), calibration_rounds=int(rc["calibration-rounds"]),
@@ -33,9 +33,10 @@ def main(grid: Grid, context: Context) -> None:
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=int(rc["num-server-rounds"]))
     model.load_state_dict(result.arrays.to_torch_state_dict())
-    acc = accuracies(model, *test_data(4))
+    if str(rc["out"]):  # the final model, for a plain-PyTorch check
+        torch.save(model.state_dict(), str(rc["out"]))
+    result_metrics = metrics(model, *test_data(nodes))
     for entry in strategy.history[-3:]:
         log.info("own_app: %s round %d report %s weights %s", entry["phase"], entry["round"],
                  [round(v, 4) for v in entry["report"]], [round(v, 4) for v in entry["weights"]])
-    log.info("own_app: %s final test accuracy %s, worst %.2f", kind, {k: round(v, 2) for k, v in acc.items()},
-             min(acc.values()))
+    log.info("own_app: %s final test metrics %s", kind, {k: round(v, 4) for k, v in result_metrics.items()})

@@ -153,7 +153,7 @@ def _round_line(total: int) -> Any:
 def run_config_to_fedhv(opts: AppOptions, nodes: int) -> RunConfig:
     """The resolved configuration of a new run: the setting with the options, one client per
     partition unless ``clients`` says otherwise."""
-    from fedhv.flower.local import local_config
+    from fedhv.flower.runconf import local_config
 
     extra = [f'method="{opts.method}"', f"seed={opts.seed}"] + ([f"rounds={opts.rounds}"] if opts.rounds else [])
     return local_config(opts.setting, opts.clients or nodes, [*opts.overrides, *extra])
@@ -184,7 +184,7 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     log.info("fedhv: %s %s seed %d on %d SuperNodes, %d rounds", cfg.setting, cfg.method, cfg.seed, nodes, cfg.rounds)
     from pathlib import Path
 
-    from fedhv.flower.local import default_out
+    from fedhv.flower.runconf import default_out
 
     out = Path(opts.out or default_out(cfg)).resolve()
     log.info("fedhv: run directory %s", out)

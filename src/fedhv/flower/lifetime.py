@@ -127,7 +127,8 @@ def marked(token: str, exclude: Iterable[int] = ()) -> list[int]:
     return found
 
 
-def _signal(pids: Iterable[int], signum: int) -> None:
+def signal_all(pids: Iterable[int], signum: int) -> None:
+    """Send ``signum`` to each of ``pids`` (one already gone, or another user's, is skipped)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
@@ -146,11 +147,11 @@ def sweep(token: str, grace_s: float = 3.0, exclude: Iterable[int] = (), rounds:
         if not pids:
             break
         seen += [p for p in pids if p not in seen]
-        _signal(pids, signal.SIGTERM)
+        signal_all(pids, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(alive(p) for p in pids):
             time.sleep(0.05)
-        _signal([p for p in pids if alive(p)], signal.SIGKILL)
+        signal_all([p for p in pids if alive(p)], signal.SIGKILL)
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and any(alive(p) for p in pids):
             time.sleep(0.02)

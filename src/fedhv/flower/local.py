@@ -45,60 +45,26 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from fedhv.config import dumps, load_config, to_dict
+from fedhv.config import dumps, to_dict
 from fedhv.config.schema import RunConfig
 from fedhv.data.node_file import node_data_file
-from fedhv.flower.control import run_status, start_run
-from fedhv.flower.lifetime import MARK, marked, sweep
+from fedhv.flower.control import start_run
+from fedhv.flower.follow import Stopped, follow_run, sigterm_raises
+from fedhv.flower.lifetime import MARK, marked, signal_all, sweep
 from fedhv.flower.procs import FlowerRunError, console_script, free_ports, session_children, wait_port
+from fedhv.flower.runconf import app_pyproject, default_out, local_config, resume_config
+
+__all__ = ["Deployment", "FlowerRunError", "Stopped", "app_pyproject", "default_out", "local_config",
+           "local_deployment", "resume_config", "run_local", "sigterm_raises"]
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
             # the SuperLink's SuperExec looks for a run to start every second by default
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
-
-
-def local_config(setting: str, nodes: int, overrides: Sequence[str] = ()) -> RunConfig:
-    """The setting with one client per SuperNode: ``partition.clients = nodes`` and at most
-    ``nodes`` clients per round (the configured count otherwise)."""
-    if nodes < 1:
-        raise FlowerRunError(f"--nodes {nodes}: need at least one SuperNode; give --nodes 1 or more")
-    base = load_config(setting, list(overrides))
-    extra = [f"partition.clients={nodes}"]
-    if base.train.clients_per_round > nodes:
-        extra.append(f"train.clients_per_round={nodes}")
-    return load_config(setting, [*overrides, *extra])
-
-
-def app_pyproject(run_config: dict[str, Any]) -> str:
-    """The generated Flower app's ``pyproject.toml``."""
-    cfg = "\n".join(f"{k} = {json.dumps(v)}" for k, v in run_config.items())
-    return f"""[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "fedhv-flower"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "fedhv"
-
-[tool.flwr.app.components]
-serverapp = "fedhv.flower.server:app"
-clientapp = "fedhv.flower.client:app"
-
-[tool.flwr.app.config]
-{cfg}
-"""
 
 
 @dataclass
@@ -274,16 +240,14 @@ class Deployment:
             self.held.close()
             self.held = None
         run_id = start_run(self.port, app_dir, self.root_certificates)
-        _follow(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log")
+        follow_run(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log")
         return run_dir
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL, to each started process group (by the started PID), then to every
         other marked process (the ServerApp, ``flwr-clientapp`` processes: :func:`~fedhv.flower.lifetime.sweep`);
         then the watchdog ends."""
-        for pid in marked(self.token):  # the ServerApp and per-message ClientApps too, in the same grace period
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
+        signal_all(marked(self.token), signal.SIGTERM)  # the ServerApp and per-message ClientApps: same grace period
         for _, proc in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -309,22 +273,6 @@ class Deployment:
                 self.watchdog.wait()
         for log in self.logs:
             log.close()
-
-
-def resume_config(run_dir: str | Path) -> RunConfig:
-    """The configuration of the run directory ``run_dir`` to resume (one-line error when it is none)."""
-    from fedhv.config.loader import config_from_toml_text
-
-    path = Path(run_dir) / "config.toml"
-    if not path.is_file():
-        raise FlowerRunError(f"--resume {run_dir}: no config.toml there; give the directory of a fedhv run")
-    return config_from_toml_text(path.read_text())
-
-
-def default_out(cfg: RunConfig) -> Path:
-    """``runs/<setting>-<method>-s<seed>-flower-<time>`` (not created here: the ServerApp claims it)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{Path(cfg.setting).stem}-{cfg.method}-s{cfg.seed}-flower-{stamp}"
 
 
 @contextlib.contextmanager
@@ -445,72 +393,3 @@ def _hold(run_dir: str | Path | None, resume: bool) -> Any:
     if not resume and (not path.is_dir() or not (path / LOCK_FILE).exists()):
         return None
     return RunDir(path)
-
-
-def _last_error(log: Path) -> str:
-    """The ServerApp's last error line in its log (``""`` when none was logged)."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    errors = [line for line in lines if line.startswith("ERROR") or "Error:" in line]
-    return errors[-1].strip() if errors else ""
-
-
-def _follow(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
-            progress: Callable[[int, int], None] | None, server_log: Path | None = None) -> None:
-    """Wait for the run to finish, reporting rounds; raise unless it completed with a summary
-    (naming the ServerApp's last logged error and its log file)."""
-    done, status, last_poll = -1, "", 0.0
-    while True:
-        dep.check_alive()
-        lines = _count_lines(run_dir / "rounds.jsonl")
-        if progress is not None and lines != done:
-            progress(lines, rounds)
-        done = lines
-        # once summary.json is written the ServerApp is ending: ask more often
-        if time.monotonic() - last_poll > (0.2 if (run_dir / "summary.json").is_file() else 1.0):
-            last_poll = time.monotonic()
-            status = run_status(dep.port, run_id, dep.root_certificates)
-            if status.startswith("finished"):
-                break
-        time.sleep(0.2)
-    if progress is not None:
-        progress(_count_lines(run_dir / "rounds.jsonl"), rounds)
-    if not status.endswith("completed") or not (run_dir / "summary.json").is_file():
-        summary = run_dir / "summary.json"
-        cause = _last_error(server_log) if server_log is not None else ""
-        where = server_log if server_log is not None and server_log.is_file() else dep.workdir / "superlink.log"
-        raise FlowerRunError(f"Flower run {run_id} ended {status or 'without a status'} and {summary} "
-                             f"{'exists' if summary.exists() else 'is missing'}"
-                             + (f"; the ServerApp failed with: {cause}" if cause else "")
-                             + f"; the ServerApp's log is {where}")
-
-
-def _count_lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as fh:
-            return sum(1 for line in fh if line.endswith(b"\n"))
-    except OSError:
-        return 0
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM arrived; the CLI exits with ``128 + signum`` (143), as ``fedhv run`` does."""
-
-    signum = int(signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Stopped` (a ``KeyboardInterrupt``) in the block, so the deployment's
-    processes are stopped on the way out."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise Stopped(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

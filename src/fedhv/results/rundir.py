@@ -25,18 +25,12 @@ second ``fedhv run --out``, ``--resume`` or grid worker) fails at once with
 
 from __future__ import annotations
 
-import errno
 import fcntl
-import json
-import math
 import os
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
-
-from fedhv.errors import FedHVError
+from typing import Any
 
 LOCK_FILE = ".lock"
 #: Files that make a directory a run directory. A new run refuses a directory holding
@@ -48,173 +42,21 @@ RUN_FILES: tuple[str, ...] = (
     "resumes.jsonl", "environment.json", "config.toml",
 )
 
-
-class RunDirError(FedHVError, OSError):
-    """A run directory that cannot be created, claimed or written.
-
-    An ``OSError`` subclass (``except OSError`` still catches it); ``errno``,
-    ``strerror`` and ``filename`` are those of the underlying error, when there is one,
-    and ``str()`` is the one-line message.
-    """
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class RunDirBusy(RunDirError):
-    """Another process holds the run directory's lock."""
-
-
-def io_error(path: Path, exc: OSError, doing: str = "write") -> RunDirError:
-    """A one-line :class:`RunDirError` naming ``path``, the errno and a fix."""
-    code = errno.errorcode.get(exc.errno or 0, "?")
-    reason = exc.strerror or str(exc)
-    fix = {
-        errno.ENOSPC: "free disk space",
-        errno.EDQUOT: "free disk space (quota exceeded)",
-        errno.EFBIG: "raise the file size limit (ulimit -f) or free space",
-        errno.EROFS: "choose a directory on a writable file system",
-        errno.EACCES: "fix its permissions or choose another directory",
-        errno.EPERM: "fix its permissions or choose another directory",
-        errno.ENOTDIR: "a parent is a file; choose another directory",
-    }.get(exc.errno or 0, "check the file system")
-    err = RunDirError(f"cannot {doing} {path}: {reason} ({code}); {fix}")
-    err.errno, err.strerror, err.filename = exc.errno, exc.strerror, str(path)
-    return err
-
-
-# --------------------------------------------------------------------------- modes and strict JSON
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where ``/proc`` allows."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def file_mode() -> int:
-    """Mode of a newly created run file, ``0o666 & ~umask`` (what ``open()`` gives)."""
-    return 0o666 & ~_umask()
-
-
-def finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf), at any depth, replaced by ``None``.
-
-    Tuples become lists; other values are returned unchanged.
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
-
-
-def dumps_strict(data: Any, **kwargs: Any) -> str:
-    """``json.dumps`` of :func:`finite_json` ``(data)`` with ``allow_nan=False`` (strict JSON)."""
-    return json.dumps(finite_json(data), allow_nan=False, **kwargs)
-
-
-# --------------------------------------------------------------------------- writers
-
-
-def write_atomic_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write`` on a temporary file next to ``path``, fsync it and rename it to ``path``.
-
-    A kill at any moment leaves either the old file or the complete new one. The new
-    file gets the mode of any other new file (``0o666 & ~umask``; ``mkstemp`` alone
-    would give ``0o600``). An ``OSError`` (disk full, read-only file system, ...)
-    becomes a one-line :class:`RunDirError` naming ``path``; the old file is kept.
-    """
-    path = Path(path)
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), file_mode())
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except FedHVError:
-        raise
-    except OSError as exc:
-        raise io_error(path, exc) from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    data = text.encode("utf-8")
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(data)
-
-    write_atomic_with(path, write)
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Atomically write pretty-printed strict JSON (non-finite floats as ``null``)."""
-    write_atomic(path, dumps_strict(data, indent=2, sort_keys=False) + "\n")
-
-
-class JsonlWriter:
-    """Append-only JSON-lines file, flushed and fsync'ed per record (strict JSON)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        try:
-            fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            self._fh = os.fdopen(fd, "a", encoding="utf-8")  # kept open for the run's lifetime
-        except RunDirError:
-            raise
-        except OSError as exc:
-            raise io_error(self.path, exc, "open") from None
-
-    def append(self, record: dict[str, Any]) -> None:
-        line = dumps_strict(record, separators=(",", ":")) + "\n"
-        try:
-            self._fh.write(line)
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        except OSError as exc:
-            raise io_error(self.path, exc) from None
-
-    def close(self) -> None:
-        try:
-            self._fh.close()
-        except OSError:  # a failed flush of a line already reported by append()
-            pass
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All complete records of a JSON-lines file (a torn last line is skipped)."""
-    records: list[dict[str, Any]] = []
-    if not path.exists():
-        return records
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return records
-
-
-# --------------------------------------------------------------------------- names
+from fedhv.results.runfiles import (  # noqa: F401 - re-exported: the run directory's file primitives
+    JsonlWriter,
+    RunDirBusy,
+    RunDirError,
+    dumps_strict,
+    file_mode,
+    finite_json,
+    io_error,
+    open_nofollow,
+    read_bytes_nofollow,
+    read_jsonl,
+    write_atomic,
+    write_atomic_with,
+    write_json,
+)
 
 
 def check_name(what: str, name: str) -> None:
@@ -263,25 +105,6 @@ def refuse_links(path: Path) -> None:
         if (path / name).is_symlink():
             raise RunDirError(f"{path / name} is a symbolic link (to {os.readlink(path / name)}); fedhv never follows "
                               "links in a run directory: remove the link, or use a directory you made")
-
-
-def open_nofollow(path: Path, flags: int, mode: int = 0o666) -> int:
-    """``os.open`` with ``O_NOFOLLOW``: a symbolic link at ``path`` is refused with one line naming it."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RunDirError(f"{path} is a symbolic link; fedhv never follows links in a run directory: remove "
-                              "it") from None
-        raise
-
-
-def read_bytes_nofollow(path: Path) -> bytes:
-    """The bytes of ``path``, opened with ``O_NOFOLLOW``: a symbolic link is a :class:`RunDirError`
-    naming it (an ``OSError`` such as ``FileNotFoundError`` passes through)."""
-    fd = open_nofollow(Path(path), os.O_RDONLY)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
 
 
 def _acquire_lock(path: Path) -> int:

@@ -1,0 +1,86 @@
+"""Following a submitted Flower run to its end (rounds for progress, the run's status on the
+Control API, the ServerApp's last error) and SIGTERM as an interrupt for the launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedhv.flower.control import run_status
+from fedhv.flower.procs import FlowerRunError
+
+if TYPE_CHECKING:
+    from fedhv.flower.local import Deployment
+
+
+def _last_error(log: Path) -> str:
+    """The ServerApp's last error line in its log (``""`` when none was logged)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if line.startswith("ERROR") or "Error:" in line]
+    return errors[-1].strip() if errors else ""
+
+
+def follow_run(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
+            progress: Callable[[int, int], None] | None, server_log: Path | None = None) -> None:
+    """Wait for the run to finish, reporting rounds; raise unless it completed with a summary
+    (naming the ServerApp's last logged error and its log file)."""
+    done, status, last_poll = -1, "", 0.0
+    while True:
+        dep.check_alive()
+        lines = _count_lines(run_dir / "rounds.jsonl")
+        if progress is not None and lines != done:
+            progress(lines, rounds)
+        done = lines
+        # once summary.json is written the ServerApp is ending: ask more often
+        if time.monotonic() - last_poll > (0.2 if (run_dir / "summary.json").is_file() else 1.0):
+            last_poll = time.monotonic()
+            status = run_status(dep.port, run_id, dep.root_certificates)
+            if status.startswith("finished"):
+                break
+        time.sleep(0.2)
+    if progress is not None:
+        progress(_count_lines(run_dir / "rounds.jsonl"), rounds)
+    if not status.endswith("completed") or not (run_dir / "summary.json").is_file():
+        summary = run_dir / "summary.json"
+        cause = _last_error(server_log) if server_log is not None else ""
+        where = server_log if server_log is not None and server_log.is_file() else dep.workdir / "superlink.log"
+        raise FlowerRunError(f"Flower run {run_id} ended {status or 'without a status'} and {summary} "
+                             f"{'exists' if summary.exists() else 'is missing'}"
+                             + (f"; the ServerApp failed with: {cause}" if cause else "")
+                             + f"; the ServerApp's log is {where}")
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.endswith(b"\n"))
+    except OSError:
+        return 0
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM arrived; the CLI exits with ``128 + signum`` (143), as ``fedhv run`` does."""
+
+    signum = int(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Stopped` (a ``KeyboardInterrupt``) in the block, so the deployment's
+    processes are stopped on the way out."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Stopped(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
