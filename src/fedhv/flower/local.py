@@ -85,6 +85,8 @@ class Deployment:
     lost: set[str] = field(default_factory=set)
     logs: list[IO[bytes]] = field(default_factory=list)
     watchdog: subprocess.Popen[bytes] | None = None
+    #: The port SuperNodes connect to: the SuperLink's, or a Fleet-only gate's (:mod:`fedhv.flower.gate`).
+    fleet_port: int = 0
     held: Any = None  # a RunDir whose lock is held until the run is submitted
 
     @property
@@ -176,7 +178,7 @@ class Deployment:
         if self.secure:
             node_config += " secure-aggregation=true"
         node = self.start(name, [
-            *self.supernode_cmd, *tls, *auth, "--superlink", f"127.0.0.1:{self.port}",
+            *self.supernode_cmd, *tls, *auth, "--superlink", f"127.0.0.1:{self.fleet_port or self.port}",
             "--node-config", node_config, "--isolation", self.isolation,
             "--host", "127.0.0.1", "--port", str(port),
         ])
@@ -278,7 +280,8 @@ class Deployment:
 @contextlib.contextmanager
 def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
                      keep_workdir: bool = False, tls: bool = False, auth: bool = False,
-                     node_data: str | Path | None = None, secure: bool = False) -> Iterator[Deployment]:
+                     node_data: str | Path | None = None, secure: bool = False, gate: bool = False
+                     ) -> Iterator[Deployment]:
     """A SuperLink and ``nodes`` SuperNodes (partition ``K`` of ``nodes`` each) on 127.0.0.1.
 
     Runs are submitted with :meth:`Deployment.submit` (several may run one after the
@@ -293,7 +296,9 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     files; SuperNode ``K`` serves ``client-K.npz`` from it (``data-path``,
     :mod:`fedhv.data.node_file`) instead of partition ``K`` of the built-in setting. ``secure``:
     the SuperNodes refuse plain stages (``--node-config secure-aggregation=true``; runs must use
-    ``flower.secure_aggregation = true``, :mod:`fedhv.flower.secure`). On exit
+    ``flower.secure_aggregation = true``, :mod:`fedhv.flower.secure`). ``gate`` (needs ``tls``): the
+    SuperNodes connect through a Fleet-only gate (:mod:`fedhv.flower.gate`), as node hosts do in the
+    documented multi-machine recipe; the Control API stays on the SuperLink's own port. On exit
     every started process group
     is stopped; the work directory (logs, certificates) is removed unless a run failed, a
     process exited during the run (its log was named in a warning) or ``keep_workdir``.
@@ -304,6 +309,8 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
         raise FlowerRunError(f"isolation {isolation!r} is not known; use \"process\" or \"subprocess\"")
     if auth and not tls:
         raise FlowerRunError("--auth without --tls: Flower's SuperNode authentication needs TLS; add --tls")
+    if gate and not tls:
+        raise FlowerRunError("gate without tls: the Fleet-only gate serves the SuperLink's certificate; add tls")
     data_dir = None
     if node_data is not None:
         data_dir = Path(node_data).resolve()
@@ -344,6 +351,13 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
             "--host", "127.0.0.1", "--port", str(link_port),
         ])
         wait_port(link_port, link, "superlink", workdir)
+        if gate:  # node hosts get the Fleet API only; the Control API stays on the SuperLink's port
+            dep.fleet_port = free_ports(1)[0]
+            gate_proc = dep.start("gate", [
+                sys.executable, "-m", "fedhv.flower.gate", "--listen", f"127.0.0.1:{dep.fleet_port}",
+                "--upstream", f"127.0.0.1:{link_port}", "--certfile", str(paths["cert"]), "--keyfile",
+                str(paths["key"]), "--upstream-ca", str(paths["ca"])])
+            wait_port(dep.fleet_port, gate_proc, "gate", workdir)
         keys: list[Path | None] = [dep.node_key(f"node-{k}") if auth else None for k in range(nodes)]
         if auth:
             dep.register(*[key for key in keys if key is not None])
