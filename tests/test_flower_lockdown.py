@@ -57,3 +57,56 @@ def test_a_node_host_with_only_the_ca_is_refused_the_control_api(tmp_path: Path)
                                          'method="uniform"', "eval.test_period=1"])
         run = dep.submit(cfg, tmp_path / "run")  # the nodes work through the gate
     assert len(rounds_of(run)) == 1 and (run / "summary.json").is_file()
+
+
+@needs_flwr
+def test_superlink_restart_runbook_resumes_the_run_bit_identically(tmp_path: Path) -> None:
+    """The recovery runbook (docs/flower.md): the SuperLink dies mid-run (kill -9); it is started
+    again on its port and ``--database``; the registered node keys are still there, the SuperNodes
+    (authenticated, through the gate) reconnect by themselves, and ``resume`` ends with the
+    uninterrupted float64 run's rounds and model, bit for bit."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import torch
+
+    from fedhv.experiment.runner import run_experiment
+    from fedhv.flower.local import local_deployment
+    from flower_support import theta_of
+
+    sets = [*SMALL, "partition.clients=2", "train.clients_per_round=2", "rounds=4", "dtype='float64'",
+            'engine="sequential"', "calibration.rounds=1"]
+    cfg = load_config("multimnist", sets)
+    out = tmp_path / "run"
+    with local_deployment(2, tls=True, auth=True, gate=True) as dep:
+        nodes_before = json.loads(_flwr(dep.env, "supernode", "list", "local", "--format", "json").stdout)["nodes"]
+        failed: list[BaseException] = []
+
+        def submit() -> None:
+            try:
+                dep.submit(cfg, out)
+            except BaseException as exc:  # noqa: BLE001 - checked in the test thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=submit)
+        worker.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (not (out / "rounds.jsonl").exists()
+                                                or (out / "rounds.jsonl").read_bytes().count(b"\n") < 2):
+            time.sleep(0.05)
+        link = next(p for name, p in dep.procs if name == "superlink")
+        os.kill(link.pid, signal.SIGKILL)
+        worker.join(timeout=120)
+        assert failed and "superlink" in str(failed[0]), failed
+        dep.restart_superlink()
+        nodes_after = json.loads(_flwr(dep.env, "supernode", "list", "local", "--format", "json").stdout)["nodes"]
+        assert sorted(n["node-id"] for n in nodes_after) == sorted(n["node-id"] for n in nodes_before)
+        dep.submit(None, resume=out)
+    sim = tmp_path / "sim"
+    run_experiment(load_config("multimnist", sets), sim, progress=False)
+    got, want = rounds_of(out), rounds_of(sim)
+    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 4
+    assert [r["report"] for r in got] == [r["report"] for r in want]
+    assert torch.equal(theta_of(out), theta_of(sim))

@@ -115,8 +115,7 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
 
     # the nodes refuse a server of another fedhv version (fedhv.flower.client.hello)
     content = RecordDict({HELLO: ConfigRecord({"config": config_text, "fedhv-version": fedhv.__version__})})
-    messages = [Message(content, dst_node_id=i, message_type=MessageType.QUERY, group_id="handshake") for i in ids]
-    replies = round_trip(grid, messages, max(deadline - time.monotonic(), 30.0))
+    replies = _answered(grid, content, ids, deadline)
     nodes: dict[int, int] = {}
     served: dict[int, dict[str, object]] = {}
     for reply in replies:
@@ -140,6 +139,27 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
         raise FlowerSetupError(f"no SuperNode answered the handshake for partitions {missing}; start them with "
                                f"--node-config \"partition-id=K num-partitions={num_clients}\"")
     return NodeMap(nodes, served)
+
+
+def _answered(grid: Grid, content: RecordDict, ids: list[int], deadline: float) -> list[Message]:
+    """The handshake's replies of ``ids``. A node the SuperLink reports unavailable (it has not
+    reconnected yet, e.g. after a SuperLink restart) is asked again until ``deadline``."""
+    from flwr.common.constant import ErrorCode
+
+    pending, replies = list(ids), []
+    while True:
+        messages = [Message(content, dst_node_id=i, message_type=MessageType.QUERY, group_id="handshake")
+                    for i in pending]
+        got = round_trip(grid, messages, max(deadline - time.monotonic(), 30.0))
+        sent = dict(zip((m.metadata.message_id for m in messages), pending))  # ids set by the push
+        retry = [sent.get(r.metadata.reply_to_message_id) for r in got
+                 if r.has_error() and r.error.code == ErrorCode.NODE_UNAVAILABLE]
+        replies += [r for r in got if not (r.has_error() and r.error.code == ErrorCode.NODE_UNAVAILABLE)]
+        pending = [i for i in retry if i is not None]
+        if not pending or time.monotonic() > deadline:
+            return replies + [r for r in got if r.has_error() and r.error.code == ErrorCode.NODE_UNAVAILABLE]
+        log.info("handshake: SuperNodes %s not available yet; asking again", pending)
+        time.sleep(1.0)
 
 
 class FlowerFederation(FederationAccounting):

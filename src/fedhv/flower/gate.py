@@ -18,7 +18,8 @@ and answering every other path with ``403``::
 Requests are forwarded whole (bodies are protobuf messages of at most a model's size), with the
 method, path, query, body and the headers that carry the request's meaning (content type,
 SuperNode authentication's signature headers); responses come back with their status, body and
-content type.
+content type. While the SuperLink cannot be reached (a restart) the gate answers ``502 Bad
+Gateway``, which Flower's SuperNodes retry, as they retry a refused connection.
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ def make_app(upstream: str, upstream_ca: str | None = None, timeout_s: float = 6
             return Response(f"{path}: not served here; this address forwards the Fleet API only (the operator uses "
                             "the SuperLink's own address)\n", status_code=403, media_type="text/plain")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED_HEADERS}
-        reply = await client.request(request.method, path, params=request.query_params, content=await request.body(),
-                                     headers=headers)
+        try:
+            reply = await client.request(request.method, path, params=request.query_params,
+                                         content=await request.body(), headers=headers)
+        except httpx.TransportError as exc:  # the SuperLink is down (restarting): 502, which SuperNodes retry
+            return Response(f"the SuperLink at {upstream} is not reachable ({type(exc).__name__})\n", status_code=502,
+                            media_type="text/plain")
         keep = {k: v for k, v in reply.headers.items() if k.lower() not in DROPPED_HEADERS | {"content-encoding"}}
         return Response(reply.content, status_code=reply.status_code, headers=keep)
 

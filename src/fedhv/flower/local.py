@@ -85,6 +85,7 @@ class Deployment:
     lost: set[str] = field(default_factory=set)
     logs: list[IO[bytes]] = field(default_factory=list)
     watchdog: subprocess.Popen[bytes] | None = None
+    link_cmd: list[str] = field(default_factory=list)
     #: The port SuperNodes connect to: the SuperLink's, or a Fleet-only gate's (:mod:`fedhv.flower.gate`).
     fleet_port: int = 0
     held: Any = None  # a RunDir whose lock is held until the run is submitted
@@ -196,6 +197,21 @@ class Deployment:
     def pids(self) -> list[int]:
         return [p.pid for _, p in self.procs]
 
+    def restart_superlink(self) -> None:
+        """The recovery runbook's first step: start the SuperLink again on its port and database
+        (registered node keys and runs are kept there; the SuperNodes reconnect by themselves).
+        A SuperExec or ServerApp of the previous SuperLink that still runs is stopped first."""
+        old = next(p for name, p in self.procs if name == "superlink")
+        if old.poll() is None:
+            old.kill()
+            old.wait()
+        leftovers = [pid for pid in marked(self.token) if any(
+            part in _cmdline(pid) for part in (b"flower-superexec", b"flwr-serverapp"))]
+        signal_all(leftovers, signal.SIGKILL)
+        self.procs = [(name, p) for name, p in self.procs if p is not old]
+        self.lost.discard("superlink")
+        wait_port(self.port, self.start("superlink", self.link_cmd), "superlink", self.workdir)
+
     def check_alive(self) -> None:
         """Raise when the SuperLink exited; a SuperNode (or ClientApp process) that exited is
         reported once on stderr and the run goes on: its clients count as dropped."""
@@ -277,6 +293,13 @@ class Deployment:
             log.close()
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @contextlib.contextmanager
 def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
                      keep_workdir: bool = False, tls: bool = False, auth: bool = False,
@@ -346,10 +369,10 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     ok = False
     try:
         dep.start_watchdog()
-        link = dep.start("superlink", [
-            console_script("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(link_port),
-        ])
+        dep.link_cmd = [console_script("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
+                        "--host", "127.0.0.1", "--port", str(link_port),
+                        "--database", str(workdir / "superlink.db")]  # state kept across a restart
+        link = dep.start("superlink", dep.link_cmd)
         wait_port(link_port, link, "superlink", workdir)
         if gate:  # node hosts get the Fleet API only; the Control API stays on the SuperLink's port
             dep.fleet_port = free_ports(1)[0]
