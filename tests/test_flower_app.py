@@ -193,29 +193,3 @@ def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
     for r, logged in rows:
         np.testing.assert_allclose(logged, weights[r - 1], atol=2e-4)  # the log rounds to 4 digits
     assert not np.allclose(weights[-1], 0.5, atol=1e-3)  # FedHV moved the weights
-
-
-@needs_flwr
-def test_flwr_run_of_the_app_against_stock_supernodes_with_tls_and_node_auth(tmp_path: Path) -> None:
-    """Deployment: ``flwr run flower-app <connection>`` against a SuperLink with TLS and SuperNode
-    authentication, and stock ``flower-supernode`` processes (Flower's own ``flwr-clientapp`` per
-    message, no fedhv wrapper): the rounds and the model equal ``fedhv run``'s float64 run bit for bit."""
-    from fedhv.flower.local import local_deployment
-
-    out = tmp_path / "run"
-    run_config = f'rounds=2 seed=3 set="{"; ".join(SETS)}" out="{out}"'
-    flwr = str(Path(sys.executable).parent / "flwr")
-    with local_deployment(2, isolation="subprocess", poll_s=None, tls=True, auth=True) as dep:
-        assert all("fedhv.flower" not in " ".join(map(str, p.args)) for name, p in dep.procs if "supernode" in name)
-        res = subprocess.run([flwr, "run", str(ROOT / "flower-app"), "local", "--run-config", run_config, "--stream"],
-                             env=dep.env, capture_output=True, text=True, timeout=540, check=False)
-    log = res.stdout + res.stderr
-    assert res.returncode == 0 and "fedhv: round 2/2" in log, log[-3000:]
-    sim = tmp_path / "sim"
-    run_experiment(load_config("multimnist", [*SETS, "partition.clients=2", "train.clients_per_round=2", "rounds=2",
-                                              "seed=3", 'engine="sequential"']), sim, progress=False)
-    got, want = rounds_of(out), rounds_of(sim)
-    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 2
-    assert [r["report"] for r in got] == [r["report"] for r in want]
-    assert [r["weights"] for r in got] == [r["weights"] for r in want]
-    assert torch.equal(theta_of(out), theta_of(sim))

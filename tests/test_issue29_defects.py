@@ -4,6 +4,8 @@
   a handshake from a server of another version (or one that does not say its version), naming
   both versions and the fix;
 - ``environment.json`` stored the ServerApp's ``--token``: command-line secrets are redacted;
+- no progress was shown while FedHV calibrated over Flower: the ServerApp logs each calibration
+  round and ``fedhv flower local`` follows them (a ``calibration`` bar);
 - a warning named a node's log file in a work directory that was removed when the run then
   succeeded: the work directory is kept (and named) when a process exited during the run.
 """
@@ -76,7 +78,7 @@ def test_the_log_a_warning_names_is_kept_when_the_run_then_succeeds(tmp_path: Pa
     from conftest import SMALL
 
     cfg = load_config("multimnist", [*SMALL, "partition.clients=2", "train.clients_per_round=2", "rounds=3",
-                                     'method="uniform"', "eval.test_period=3"])
+                                     "calibration.rounds=2", "eval.test_period=3"])  # FedHV: a calibration first
     out = tmp_path / "run"
 
     def kill_after_round_one(dep: object) -> None:
@@ -88,7 +90,11 @@ def test_the_log_a_warning_names_is_kept_when_the_run_then_succeeds(tmp_path: Pa
 
         threading.Thread(target=watch, daemon=True).start()
 
-    run = run_local(cfg, 2, out, stage_timeout=8.0, on_start=kill_after_round_one)
+    calibrated: list[tuple[int, int]] = []
+    run = run_local(cfg, 2, out, stage_timeout=8.0, on_start=kill_after_round_one,
+                    calibration=lambda done, total: calibrated.append((done, total)))
+    # the calibration's progress reached the launcher (before, the bar sat at 0 for its whole length)
+    assert calibrated and calibrated[-1] == (2, 2) and calibrated == sorted(calibrated), calibrated
     assert json.loads((run / "summary.json").read_text())["rounds"] == 3
     err = capsys.readouterr().err
     named = re.search(r"see (\S+supernode-1\.log)\)", err)

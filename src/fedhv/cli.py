@@ -284,16 +284,24 @@ def _flower(args: argparse.Namespace) -> int:
     bar = tqdm(total=cfg.rounds, desc=f"flower {cfg.setting} {cfg.method} s{cfg.seed} ({args.nodes} nodes)",
                disable=args.quiet, dynamic_ncols=True, mininterval=0.5)
 
+    cal_bar: list[tqdm] = []
+
     def progress(done: int, total: int) -> None:
         bar.update(max(min(done, total) - bar.n, 0))
+
+    def calibration(done: int, total: int) -> None:  # FedHV's reference calibration, before round 1
+        if not cal_bar:
+            cal_bar.append(tqdm(total=total, desc="calibration", disable=args.quiet, dynamic_ncols=True, leave=False))
+        cal_bar[0].update(max(min(done, total) - cal_bar[0].n, 0))
 
     with sigterm_raises():
         try:
             run_dir = run_local(None if resume else cfg, args.nodes, args.out, isolation=args.isolation,
                                 stage_timeout=args.stage_timeout, progress=progress, tls=args.tls, auth=args.auth,
-                                resume=resume, node_data=args.node_data)
+                                resume=resume, node_data=args.node_data, calibration=calibration)
         finally:
-            bar.close()
+            for b in [*cal_bar, bar]:
+                b.close()
     import json
 
     _print_summary(json.loads((run_dir / "summary.json").read_text()))

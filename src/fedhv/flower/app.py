@@ -46,6 +46,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.flower.client import app as client_app
 from fedhv.flower.federation import FlowerSetupError, round_trip
 from fedhv.flower.protocol import INFO, NODE, as_int
+from fedhv.flower.server import LogProgress, round_line
 
 server_app = ServerApp()
 log = logging.getLogger("fedhv")
@@ -126,30 +127,6 @@ def discover_partitions(grid: Grid, wait_s: float) -> int:
         time.sleep(0.5)
 
 
-class LogProgress:
-    """A progress 'bar' that logs ``fedhv: <description> k/N`` (what ``flwr log`` shows)."""
-
-    def __init__(self, total: int, description: str) -> None:
-        self.total, self.description, self.n = total, description, 0
-        log.info("fedhv: %s 0/%d", description, total)
-
-    def update(self, k: int = 1) -> None:
-        self.n += k
-        log.info("fedhv: %s %d/%d", self.description, self.n, self.total)
-
-    def close(self) -> None:
-        pass
-
-
-def _round_line(total: int) -> Any:
-    def on_round(round_done: int, record: dict[str, Any]) -> None:
-        ev = record.get("evaluation") or {}
-        extra = "".join(f", {k} {ev[k]:.2f}" for k in ("mean_acc", "worst_acc") if isinstance(ev.get(k), float))
-        log.info("fedhv: round %d/%d%s", round_done, total, extra)
-
-    return on_round
-
-
 def run_config_to_fedhv(opts: AppOptions, nodes: int) -> RunConfig:
     """The resolved configuration of a new run: the setting with the options, one client per
     partition unless ``clients`` says otherwise."""
@@ -174,7 +151,7 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         log.info("fedhv: resuming %s", opts.resume)
         text = (Path(opts.resume) / "config.toml").read_text()
         cfg = config_from_toml_text(text)
-        hooks = RunHooks(on_round=_round_line(cfg.rounds), progress=LogProgress)
+        hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
         factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
         summary = resume_experiment(opts.resume, progress=False, federation_factory=factory, hooks=hooks)
         return {**summary, "run_dir": opts.resume}
@@ -189,7 +166,7 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     out = Path(opts.out or default_out(cfg)).resolve()
     log.info("fedhv: run directory %s", out)
     factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
-    hooks = RunHooks(on_round=_round_line(cfg.rounds), progress=LogProgress)
+    hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
     summary = run_experiment(cfg, out, progress=False, federation_factory=factory, hooks=hooks)
     return {**summary, "run_dir": str(out)}
 

@@ -4,6 +4,7 @@ Control API, the ServerApp's last error) and SIGTERM as an interrupt for the lau
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -27,13 +28,49 @@ def _last_error(log: Path) -> str:
     return errors[-1].strip() if errors else ""
 
 
+class CalibrationLines:
+    """The ServerApp's ``fedhv: calibration k/N`` lines, read from its log as it grows."""
+
+    PATTERN = re.compile(rb"fedhv: calibration (\d+)/(\d+)")
+
+    def __init__(self, log: Path | None) -> None:
+        self.log, self.offset, self.last = log, 0, (-1, -1)
+
+    def poll(self) -> tuple[int, int] | None:
+        """The newest ``(k, N)`` when it changed since the last call, else ``None``."""
+        if self.log is None:
+            return None
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return None
+        end = chunk.rfind(b"\n") + 1  # whole lines only
+        self.offset += end
+        found = self.PATTERN.findall(chunk[:end])
+        if not found:
+            return None
+        latest = (int(found[-1][0]), int(found[-1][1]))
+        if latest == self.last:
+            return None
+        self.last = latest
+        return latest
+
+
 def follow_run(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
-            progress: Callable[[int, int], None] | None, server_log: Path | None = None) -> None:
-    """Wait for the run to finish, reporting rounds; raise unless it completed with a summary
-    (naming the ServerApp's last logged error and its log file)."""
+               progress: Callable[[int, int], None] | None, server_log: Path | None = None,
+               calibration: Callable[[int, int], None] | None = None) -> None:
+    """Wait for the run to finish, reporting rounds (and, with ``calibration``, FedHV's calibration
+    rounds from the ServerApp's log); raise unless it completed with a summary (naming the
+    ServerApp's last logged error and its log file)."""
     done, status, last_poll = -1, "", 0.0
+    cal = CalibrationLines(server_log if calibration is not None else None)
     while True:
         dep.check_alive()
+        seen = cal.poll()
+        if seen is not None and calibration is not None:
+            calibration(*seen)
         lines = _count_lines(run_dir / "rounds.jsonl")
         if progress is not None and lines != done:
             progress(lines, rounds)

@@ -227,12 +227,14 @@ class Deployment:
                       f"dropped from every later stage (see {self.workdir / (name + '.log')})", file=sys.stderr)
 
     def submit(self, cfg: RunConfig | None, out: str | Path | None = None, *, stage_timeout: float = 0.0,
-               progress: Callable[[int, int], None] | None = None, resume: str | Path | None = None) -> Path:
+               progress: Callable[[int, int], None] | None = None, resume: str | Path | None = None,
+               calibration: Callable[[int, int], None] | None = None) -> Path:
         """Run ``cfg`` (as ``flwr run``), follow it to the end; returns the run directory.
 
         ``resume``: continue that unfinished run directory instead (``cfg`` and ``out``
         are then ``None``; its ``config.toml`` is the configuration).
-        ``progress(done, total)`` is called as rounds finish. Raises
+        ``progress(done, total)`` is called as rounds finish, ``calibration(done, total)`` as FedHV's
+        calibration rounds do (the ServerApp logs them). Raises
         :class:`FlowerRunError` when a process dies or the run does not complete.
         """
         if resume is not None:
@@ -258,7 +260,7 @@ class Deployment:
             self.held.close()
             self.held = None
         run_id = start_run(self.port, app_dir, self.root_certificates)
-        follow_run(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log")
+        follow_run(self, run_id, run_dir, cfg.rounds, progress, app_dir / "serverapp.log", calibration)
         return run_dir
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -399,7 +401,8 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
 def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, *, isolation: str = "process",
               stage_timeout: float = 0.0, poll_s: float | None = 0.1, progress: Callable[[int, int], None] | None = None,
               on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False, tls: bool = False,
-              auth: bool = False, resume: str | Path | None = None, node_data: str | Path | None = None) -> Path:
+              auth: bool = False, resume: str | Path | None = None, node_data: str | Path | None = None,
+              calibration: Callable[[int, int], None] | None = None) -> Path:
     """Run ``cfg`` (or ``resume`` a run directory) on a fresh :func:`local_deployment` of ``nodes``
     SuperNodes; returns the run directory. ``on_start`` sees the deployment once every process runs.
     A run with ``flower.secure_aggregation = true`` gets SuperNodes that answer only SecAgg+ stages."""
@@ -412,7 +415,8 @@ def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, 
             dep.held = held
             if on_start is not None:
                 on_start(dep)
-            return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume)
+            return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume,
+                              calibration=calibration)
     finally:
         if held is not None:
             held.close()

@@ -71,9 +71,34 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
     return factory
 
 
+class LogProgress:
+    """A progress 'bar' that logs ``fedhv: <description> k/N`` (what ``flwr log`` shows)."""
+
+    def __init__(self, total: int, description: str) -> None:
+        self.total, self.description, self.n = total, description, 0
+        log.info("fedhv: %s 0/%d", description, total)
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        log.info("fedhv: %s %d/%d", self.description, self.n, self.total)
+
+    def close(self) -> None:
+        pass
+
+
+def round_line(total: int) -> Any:
+    """An ``on_round`` hook logging ``fedhv: round t/T`` (and MeanAcc / WorstAcc when evaluated)."""
+    def on_round(round_done: int, record: dict[str, Any]) -> None:
+        ev = record.get("evaluation") or {}
+        extra = "".join(f", {k} {ev[k]:.2f}" for k in ("mean_acc", "worst_acc") if isinstance(ev.get(k), float))
+        log.info("fedhv: round %d/%d%s", round_done, total, extra)
+
+    return on_round
+
+
 def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) one experiment over ``grid``; returns its summary."""
-    from fedhv.experiment.runner import resume_experiment, run_experiment
+    from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
 
     timeout = float(run_config.get("stage-timeout", 0)) or None
     node_wait = float(run_config.get("node-wait", 120))
@@ -82,12 +107,14 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         text = (Path(resume) / "config.toml").read_text()
         cfg = config_from_toml_text(text)
         factory = federation_factory(grid, cfg, text, timeout, node_wait)
-        return resume_experiment(resume, progress=False, federation_factory=factory)
+        hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
+        return resume_experiment(resume, progress=False, federation_factory=factory, hooks=hooks)
     cfg = config_from_toml_text(Path(str(run_config["config"])).read_text())
     text = dumps(to_dict(cfg))  # exactly what run_experiment writes to config.toml
     factory = federation_factory(grid, cfg, text, timeout, node_wait)
     out = str(run_config.get("out", "")) or None
-    return run_experiment(cfg, out, progress=False, federation_factory=factory)
+    hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)  # what fedhv flower local follows
+    return run_experiment(cfg, out, progress=False, federation_factory=factory, hooks=hooks)
 
 
 def fast_pulls(cap_s: float = 0.2) -> None:

@@ -1,0 +1,41 @@
+"""Issue 29, item 1(b): the repository's Flower App in deployment (split from
+``test_flower_app.py`` so the two files' Flower runs go to both xdist workers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from fedhv.config import load_config
+from fedhv.experiment.runner import run_experiment
+from flower_support import needs_flwr, rounds_of, theta_of
+from test_flower_app import ROOT, SETS
+
+
+@needs_flwr
+def test_flwr_run_of_the_app_against_stock_supernodes_with_tls_and_node_auth(tmp_path: Path) -> None:
+    """Deployment: ``flwr run flower-app <connection>`` against a SuperLink with TLS and SuperNode
+    authentication, and stock ``flower-supernode`` processes (Flower's own ``flwr-clientapp`` per
+    message, no fedhv wrapper): the rounds and the model equal ``fedhv run``'s float64 run bit for bit."""
+    from fedhv.flower.local import local_deployment
+
+    out = tmp_path / "run"
+    run_config = f'rounds=2 seed=3 set="{"; ".join(SETS)}" out="{out}"'
+    flwr = str(Path(sys.executable).parent / "flwr")
+    with local_deployment(2, isolation="subprocess", poll_s=None, tls=True, auth=True) as dep:
+        assert all("fedhv.flower" not in " ".join(map(str, p.args)) for name, p in dep.procs if "supernode" in name)
+        res = subprocess.run([flwr, "run", str(ROOT / "flower-app"), "local", "--run-config", run_config, "--stream"],
+                             env=dep.env, capture_output=True, text=True, timeout=540, check=False)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0 and "fedhv: round 2/2" in log, log[-3000:]
+    sim = tmp_path / "sim"
+    run_experiment(load_config("multimnist", [*SETS, "partition.clients=2", "train.clients_per_round=2", "rounds=2",
+                                              "seed=3", 'engine="sequential"']), sim, progress=False)
+    got, want = rounds_of(out), rounds_of(sim)
+    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 2
+    assert [r["report"] for r in got] == [r["report"] for r in want]
+    assert [r["weights"] for r in got] == [r["weights"] for r in want]
+    assert torch.equal(theta_of(out), theta_of(sim))
