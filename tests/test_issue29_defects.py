@@ -102,3 +102,25 @@ def test_the_log_a_warning_names_is_kept_when_the_run_then_succeeds(tmp_path: Pa
     assert Path(named.group(1)).is_file()  # the log the warning named is still there
     assert "are kept in" in err
     shutil.rmtree(Path(named.group(1)).parent, ignore_errors=True)
+
+
+def test_show_config_out_writes_only_a_valid_configuration(tmp_path: Path) -> None:
+    """``fedhv show-config multimnist --set partition.clients=3 > run.toml`` failed (20 clients per
+    round > 3) and left an empty file; ``--out`` writes the file only when the configuration is
+    valid, and the file loads back as the same configuration."""
+    import subprocess
+    import sys
+
+    from fedhv.config import dumps, load_config, to_dict
+    from fedhv.config.loader import config_from_toml_text
+
+    bad, good = tmp_path / "bad.toml", tmp_path / "good.toml"
+    res = subprocess.run([sys.executable, "-m", "fedhv.cli", "show-config", "multimnist", "--set",
+                          "partition.clients=3", "--out", str(bad)], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 2 and "clients_per_round" in res.stderr and not bad.exists(), res.stderr
+    sets = ["partition.clients=3", "train.clients_per_round=3"]
+    res = subprocess.run([sys.executable, "-m", "fedhv.cli", "show-config", "multimnist", *[a for s in sets for a in
+                          ("--set", s)], "--out", str(good)], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0 and res.stdout == "", res.stderr
+    assert dumps(to_dict(config_from_toml_text(good.read_text()))) == dumps(to_dict(load_config("multimnist", sets)))

@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show-config", help="print a setting's resolved configuration")
     _common(show)
     show.add_argument("--method", help="method whose learning rates to resolve")
+    show.add_argument("--out", metavar="FILE", help="write the configuration to FILE (atomically, only when it is "
+                      "valid) instead of printing it; a shell redirect leaves an empty file behind an error")
     sub.add_parser("presets", help="list the bundled settings, one line each")
     grid = sub.add_parser("grid", help="run every setting x method x seed (resumable, parallel)")
     grid.add_argument("settings", nargs="+", metavar="SETTING", help="preset names or TOML files")
@@ -226,7 +228,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "show-config":
         from fedhv.config import dumps, to_dict
 
-        print(dumps(to_dict(cfg)), end="")
+        text = dumps(to_dict(cfg))
+        if args.out:
+            from pathlib import Path
+
+            from fedhv.results.rundir import write_atomic
+
+            write_atomic(Path(args.out), text)
+        else:
+            print(text, end="")
         return 0
     from fedhv.config.flower import refuse_in_simulator
 
