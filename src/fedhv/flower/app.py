@@ -37,14 +37,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedhv.config import dumps, to_dict
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.flower.client import app as client_app
-from fedhv.flower.federation import FlowerSetupError, round_trip
+from fedhv.flower.federation import FlowerSetupError, ask_nodes
 from fedhv.flower.protocol import INFO, NODE, as_int
 from fedhv.flower.server import LogProgress, round_line
 
@@ -107,9 +107,7 @@ def discover_partitions(grid: Grid, wait_s: float) -> int:
         ids = set(grid.get_node_ids())
         new = sorted(ids - asked)
         if new:
-            msgs = [Message(RecordDict({INFO: ConfigRecord({})}), dst_node_id=i, message_type=MessageType.QUERY,
-                            group_id="discover") for i in new]
-            for reply in round_trip(grid, msgs, max(deadline - time.monotonic(), 30.0)):
+            for reply in ask_nodes(grid, RecordDict({INFO: ConfigRecord({})}), new, deadline, "discover"):
                 if reply.has_error():
                     raise FlowerSetupError(f"SuperNode {reply.metadata.src_node_id} failed discovery: "
                                            f"{reply.error.reason}")

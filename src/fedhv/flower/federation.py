@@ -115,7 +115,7 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
 
     # the nodes refuse a server of another fedhv version (fedhv.flower.client.hello)
     content = RecordDict({HELLO: ConfigRecord({"config": config_text, "fedhv-version": fedhv.__version__})})
-    replies = _answered(grid, content, ids, deadline)
+    replies = ask_nodes(grid, content, ids, deadline, "handshake")
     nodes: dict[int, int] = {}
     served: dict[int, dict[str, object]] = {}
     for reply in replies:
@@ -141,14 +141,14 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
     return NodeMap(nodes, served)
 
 
-def _answered(grid: Grid, content: RecordDict, ids: list[int], deadline: float) -> list[Message]:
-    """The handshake's replies of ``ids``. A node the SuperLink reports unavailable (it has not
-    reconnected yet, e.g. after a SuperLink restart) is asked again until ``deadline``."""
+def ask_nodes(grid: Grid, content: RecordDict, ids: list[int], deadline: float, group_id: str) -> list[Message]:
+    """The replies of ``ids`` to a QUERY of ``content``. A node the SuperLink reports unavailable
+    (not reconnected yet, e.g. after a SuperLink restart) is asked again until ``deadline``."""
     from flwr.common.constant import ErrorCode
 
     pending, replies = list(ids), []
     while True:
-        messages = [Message(content, dst_node_id=i, message_type=MessageType.QUERY, group_id="handshake")
+        messages = [Message(content, dst_node_id=i, message_type=MessageType.QUERY, group_id=group_id)
                     for i in pending]
         got = round_trip(grid, messages, max(deadline - time.monotonic(), 30.0))
         sent = dict(zip((m.metadata.message_id for m in messages), pending))  # ids set by the push
@@ -158,7 +158,7 @@ def _answered(grid: Grid, content: RecordDict, ids: list[int], deadline: float) 
         pending = [i for i in retry if i is not None]
         if not pending or time.monotonic() > deadline:
             return replies + [r for r in got if r.has_error() and r.error.code == ErrorCode.NODE_UNAVAILABLE]
-        log.info("handshake: SuperNodes %s not available yet; asking again", pending)
+        log.info("%s: SuperNodes %s not available yet; asking again", group_id, pending)
         time.sleep(1.0)
 
 
