@@ -74,7 +74,9 @@ def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
 #: (pyproject) the xdist scheduler hands work units out in collection order (one to each
 #: worker, then the next to whichever runs dry), so the long Flower deployments start at once
 #: instead of being left for the end of the run.
-HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py", "test_flower_cli.py", "test_engines.py",
+HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py", "test_issue28_lifetime.py",
+               "test_flower_lockdown.py", "test_flower_app.py", "test_issue28_lifetime_flower.py",
+               "test_flower_app_deploy.py", "test_flower_cli.py", "test_issue29_defects.py", "test_engines.py",
                "test_cifar.py", "test_celeba.py", "test_node_data.py", "test_grid_safety.py", "test_resume.py"]
 
 #: Files that share a session fixture form one xdist work unit (one worker, so the fixture is
