@@ -19,9 +19,11 @@ last gradient stage (FedCMOO's first local step).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedhv.flower.node import NodeError, config_sha, worker_for
@@ -31,6 +33,7 @@ from fedhv.flower.protocol import (
     INFO,
     MODEL,
     NODE,
+    TIMING,
     as_int,
     content_buffers,
     model_sha,
@@ -116,7 +119,9 @@ def stage(msg: Message, context: Context) -> Message:
             and str(meta["stream"]) == order.stream and as_int(meta["seed"], "seed") == order.seed
             and meta.get("model-sha") == fields["model-sha"] and meta.get("config-sha") == fields["config-sha"]):
         grads = torch.from_numpy(held["gradients"].numpy())
+    start = time.perf_counter()
     result = worker.serve(theta, order, grads, content_buffers(msg.content))
+    seconds = time.perf_counter() - start
     keep = {"theta": Array(theta.numpy())}
     if result.gradients is not None:
         keep["gradients"] = Array(np.ascontiguousarray(result.gradients))
@@ -126,4 +131,6 @@ def stage(msg: Message, context: Context) -> Message:
     elif grads is not None:
         keep["gradients"] = Array(grads.numpy())
     context.state[HELD] = ArrayRecord(keep)
-    return Message(result_content(result), reply_to=msg)
+    content = result_content(result)
+    content[TIMING] = MetricRecord({"seconds": seconds})
+    return Message(content, reply_to=msg)

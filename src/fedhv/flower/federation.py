@@ -52,7 +52,7 @@ from fedhv.algorithms.validation import (
     stack_replies,
 )
 from fedhv.errors import FedHVError
-from fedhv.flower.protocol import HELLO, NODE, as_int, client_reply, content_bytes, stage_content
+from fedhv.flower.protocol import HELLO, NODE, TIMING, as_int, client_reply, content_bytes, stage_content
 from fedhv.sim.faults import FaultInjector, no_faults
 
 log = logging.getLogger("fedhv")
@@ -187,6 +187,9 @@ class FlowerFederation(FederationAccounting):
         self.global_buffers: Any = None
         self._gradients: torch.Tensor | None = None  # [k, T, d] of the last gradient stage, in _clients order
         self._held_clients: list[int] = []
+        #: Back-end facts for the round's record: ``node_seconds``, the nodes' own compute summed
+        #: over the round's replies (the rest of ``client_seconds`` is messaging and waiting).
+        self.extras: dict[str, float] = {}
 
     def _check_first_step(self, request: Request) -> None:
         first, train, held = request.first_step, request.train, self._gradients
@@ -260,6 +263,12 @@ class FlowerFederation(FederationAccounting):
             if reply.has_error():
                 self._reject(client, f"Flower error {reply.error.code}: {reply.error.reason}")
                 continue
+            timing = reply.content.metric_records.get(TIMING)
+            if timing is not None:  # the node's compute: a fact for rounds.jsonl, not counted as payload
+                del reply.content[TIMING]
+                seconds = timing.get("seconds")
+                if isinstance(seconds, float) and np.isfinite(seconds) and seconds >= 0:
+                    self.extras["node_seconds"] = self.extras.get("node_seconds", 0.0) + seconds
             up.append(content_bytes(reply.content))
             got[client] = client_reply(client, reply.content)
         self.bytes_up += round(float(np.mean(up))) if up else 0

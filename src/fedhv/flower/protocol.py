@@ -44,6 +44,9 @@ INFO = "fedhv.info"
 MODEL, STAGE, PAYLOAD = "fedhv.model", "fedhv.stage", "fedhv.payload"
 REPORT, UPDATE = "fedhv.report", "fedhv.update"
 BUFFERS = "fedhv.buffers"
+#: A reply's timing (``seconds``: the node's own compute for the stage); read and removed by the
+#: server before it counts the reply's bytes, so the communication accounting is unchanged.
+TIMING = "fedhv.timing"
 HELD = "fedhv.held"  # Context.state: the node's last model and gradients
 HELD_GRADIENTS = "held-gradients"
 
