@@ -124,3 +124,17 @@ def test_show_config_out_writes_only_a_valid_configuration(tmp_path: Path) -> No
                           ("--set", s)], "--out", str(good)], capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0 and res.stdout == "", res.stderr
     assert dumps(to_dict(config_from_toml_text(good.read_text()))) == dumps(to_dict(load_config("multimnist", sets)))
+
+
+def test_one_client_per_node_validates_the_overrides_with_the_nodes_count() -> None:
+    """Found measuring item 5: 100 clients per round on 1,000 SuperNodes was refused because the
+    overrides were first validated against the preset's 30 clients."""
+    from fedhv.flower.procs import FlowerRunError
+    from fedhv.flower.runconf import local_config
+
+    cfg = local_config("multimnist", 1000, ["train.clients_per_round=100"])
+    assert (cfg.partition.clients, cfg.train.clients_per_round) == (1000, 100)
+    cfg = local_config("multimnist", 3)  # the preset's 20 per round, lowered to the 3 nodes
+    assert (cfg.partition.clients, cfg.train.clients_per_round) == (3, 3)
+    with pytest.raises(FlowerRunError, match="--nodes 0"):
+        local_config("multimnist", 0)

@@ -11,17 +11,22 @@ from pathlib import Path
 from typing import Any
 
 from fedhv.config import load_config
+from fedhv.config.loader import apply_overrides, build, load_setting
 from fedhv.config.schema import RunConfig
 from fedhv.flower.procs import FlowerRunError
 
 
 def local_config(setting: str, nodes: int, overrides: Sequence[str] = ()) -> RunConfig:
     """The setting with one client per SuperNode: ``partition.clients = nodes`` and at most
-    ``nodes`` clients per round (the configured count otherwise)."""
+    ``nodes`` clients per round (the configured count otherwise).
+
+    The overrides are validated only together with ``partition.clients = nodes``: a
+    ``train.clients_per_round`` above the preset's client count is valid on enough nodes.
+    """
     if nodes < 1:
         raise FlowerRunError(f"--nodes {nodes}: need at least one SuperNode; give --nodes 1 or more")
-    base = load_config(setting, list(overrides))
     extra = [f"partition.clients={nodes}"]
+    base = build(RunConfig, apply_overrides(load_setting(setting), [*overrides, *extra]))  # not validated yet
     if base.train.clients_per_round > nodes:
         extra.append(f"train.clients_per_round={nodes}")
     return load_config(setting, [*overrides, *extra])
