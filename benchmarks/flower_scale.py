@@ -121,6 +121,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--actors", type=int, default=os.cpu_count() or 1, help="Simulation Engine actors (cores)")
     parser.add_argument("--json", type=Path, default=None, help="write the measurements here")
+    parser.add_argument("--discover", action="store_true",
+                        help="let the app ask every SuperNode for its partition count (clients=0) instead of clients=N")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="fedhv-flower-scale-"))
     results: list[dict] = []
@@ -138,7 +140,8 @@ def main() -> int:
                   f"peak {got['peak_gib']:.2f} GiB", flush=True)
         token = uuid.uuid4().hex
         out = base / f"n{n}-flower"
-        run_config = f'rounds={args.rounds} set="{"; ".join(sets)}" out="{out}" node-wait=3600'
+        clients = 0 if args.discover else n
+        run_config = f'rounds={args.rounds} clients={clients} set="{"; ".join(sets)}" out="{out}" node-wait=3600'
         cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(ROOT / "flower-app"), "sim", "--federation-config",
                f"num-supernodes={n} client-resources-num-cpus={max(1, (os.cpu_count() or 1) // args.actors)}",
                "--run-config", run_config, "--stream"]

@@ -8,6 +8,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from fedhv.cli_grid import add_grid_parser, run_grid_command
 from fedhv.errors import FedHVError
 
 
@@ -50,20 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--out", metavar="FILE", help="write the configuration to FILE (atomically, only when it is "
                       "valid) instead of printing it; a shell redirect leaves an empty file behind an error")
     sub.add_parser("presets", help="list the bundled settings, one line each")
-    grid = sub.add_parser("grid", help="run every setting x method x seed (resumable, parallel)")
-    grid.add_argument("settings", nargs="+", metavar="SETTING", help="preset names or TOML files")
-    grid.add_argument("--methods", default="uniform,fsmgda,fedcmoo,fedhv", help="comma-separated (default: all four)")
-    grid.add_argument("--seeds", default="0,42,2026", help="comma-separated training seeds (default: the paper's)")
-    grid.add_argument("--out", default="runs/grid", help="grid directory (default runs/grid)")
-    grid.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
-    grid.add_argument("--threads", type=int, help="torch threads per worker (default: cores / workers)")
-    grid.add_argument("--ablation", help="FedHV ablation sweep: report-budget, participation, local-steps or all "
-                      "(paper C.5; use --methods fedhv)")
-    grid.add_argument("--rounds", type=int, help="override every run's number of rounds")
-    grid.add_argument("--data-dir", help="data root (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
-    grid.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config value in every run (repeatable)")
-    grid.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_grid_parser(sub)
     table = sub.add_parser("table", help="the paper's tables from run directories (no torch needed)")
     table.add_argument("dir", help="folder searched recursively for finished run directories")
     table.add_argument("--table", default="all", help="comma-separated table numbers: 1,8,9,11,7,10,13 (default all)")
@@ -210,7 +198,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run" and args.resume:
         return _resume(args)
     if args.command == "grid":
-        return _grid(args)
+        return run_grid_command(args)
     if args.command == "table":
         return _table(args)
     if args.command == "plot":
@@ -370,35 +358,6 @@ def _csv_list(flag: str, text: str, cast: type) -> list:
     if not items:
         raise UsageError(f"{flag} is empty")
     return items
-
-
-def _grid(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from fedhv.experiment.grid import plan_grid, run_grid
-
-    if args.workers < 1 or (args.threads is not None and args.threads < 1):
-        raise UsageError(f"--workers {args.workers} / --threads {args.threads} must be >= 1")
-    methods = [_method(m) for m in _csv_list("--methods", args.methods, str)]
-    seeds = _csv_list("--seeds", args.seeds, int)
-    overrides = list(args.overrides)
-    if args.data_dir:
-        overrides.append(f"data.root={_quote(args.data_dir)}")
-    if args.rounds is not None:
-        overrides.append(f"rounds={args.rounds}")
-    out = Path(args.out)
-    jobs, calibrations = plan_grid(args.settings, methods, seeds, out, overrides, args.ablation)
-    try:
-        report = run_grid(jobs, calibrations, out, args.workers, args.threads, progress=not args.quiet)
-    except KeyboardInterrupt:
-        print(f"grid {out}: stopped; queued runs were not started, running ones were checkpointed. "
-              "Rerun the same command to continue.", file=sys.stderr)
-        raise
-    print(f"grid {out}: {len(report.done)} run(s) finished, {len(report.skipped)} already done, "
-          f"{len(report.failed)} failed, {report.seconds:.0f} s")
-    for where, why in report.failed.items():
-        print(f"  failed: {where}: {why}", file=sys.stderr)
-    return 1 if report.failed else 0
 
 
 def _finished_runs(folder: str, final_eval: bool = False) -> list:

@@ -301,8 +301,18 @@ def _run_calibration(job: CalibrationJob) -> str:
 
 
 def _run_job(job: Job) -> dict[str, Any]:
+    return run_job(job)
+
+
+def run_job(job: Job, calibration: Any = None, on_round: Any = None) -> dict[str, Any]:
+    """Run (or resume) ``job`` in ``job.run_dir``, logging to its ``run.log``; its summary.
+
+    ``calibration``: the shared calibration as a :class:`CalibrationResult` (else read from
+    ``job.calibration``); ``on_round(round, record)``: called after every round (the Ray
+    grid ships checkpoints from it).
+    """
     from fedhv.experiment.calibration import load_calibration
-    from fedhv.experiment.runner import resume_experiment, run_experiment
+    from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
 
     path = Path(job.run_dir)
     handler = None
@@ -314,15 +324,15 @@ def _run_job(job: Job) -> dict[str, Any]:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+        hooks = RunHooks(on_round=on_round) if on_round is not None else None
         if job_state(job) == "partial":
-            return resume_experiment(path, progress=False)
+            return resume_experiment(path, progress=False, hooks=hooks)
         cfg = load_config(job.source, job.overrides)
-        calibration = None
-        if job.calibration is not None:
+        if calibration is None and job.calibration is not None:
             calibration = load_calibration(job.calibration)  # verified, never through a link
         write_json(path / "grid-job.json", {"setting": job.setting, "method": job.method, "seed": job.seed,
                                             "ablation": job.ablation, "variant": job.variant})
-        return run_experiment(cfg, path, progress=False, calibration=calibration)
+        return run_experiment(cfg, path, progress=False, calibration=calibration, hooks=hooks)
     finally:
         if handler is not None:
             logging.getLogger("fedhv").removeHandler(handler)

@@ -141,7 +141,8 @@ def pause_for_tests(run_path: Path, round_done: int) -> None:
     """
     if os.environ.get(PAUSE_ENV) != str(round_done):
         return
-    if os.environ.get(PAUSE_RUN_ENV, run_path.name) != run_path.name:
+    want = Path(os.environ.get(PAUSE_RUN_ENV, run_path.name)).parts  # a name, or a path's last parts
+    if run_path.parts[-len(want):] != want:
         return
     (run_path / PAUSE_FILE).write_text(str(round_done))
     deadline = time.monotonic() + 600

@@ -1,0 +1,84 @@
+"""``fedhv grid``: its arguments and its command (the local pool or Ray, docs/cluster.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_grid_parser(sub: Any) -> None:
+    """The ``grid`` sub-command's arguments."""
+    grid = sub.add_parser("grid", help="run every setting x method x seed (resumable, parallel)")
+    grid.add_argument("settings", nargs="+", metavar="SETTING", help="preset names or TOML files")
+    grid.add_argument("--methods", default="uniform,fsmgda,fedcmoo,fedhv", help="comma-separated (default: all four)")
+    grid.add_argument("--seeds", default="0,42,2026", help="comma-separated training seeds (default: the paper's)")
+    grid.add_argument("--out", default="runs/grid", help="grid directory (default runs/grid)")
+    grid.add_argument("--workers", type=int, help="parallel worker processes of the local pool (default 1)")
+    grid.add_argument("--threads", type=int, help="torch threads per worker (default: cores / workers)")
+    grid.add_argument("--backend", choices=("local", "ray"), default="local",
+                      help="local: a process pool on this machine (default); ray: every run a Ray task (docs/cluster.md)")
+    grid.add_argument("--address", help="ray: the cluster to join (ray start's address; default: a local Ray instance)")
+    grid.add_argument("--cpus-per-run", type=float, default=1.0, help="ray: CPUs (and torch threads) per run (default 1)")
+    grid.add_argument("--gpus-per-run", type=float, default=0.0,
+                      help="ray: GPUs per run, fractions share a device (default 0; > 0 runs on cuda)")
+    grid.add_argument("--storage", choices=("auto", "shared", "ship"), default="auto",
+                      help="ray: where runs write: in place on a shared filesystem, or shipped back (default auto)")
+    grid.add_argument("--retries", type=int, default=3, help="ray: new attempts after a lost worker or node (default 3)")
+    grid.add_argument("--num-cpus", type=int, help="ray without --address: the local instance's CPUs (default: all)")
+    grid.add_argument("--ablation", help="FedHV ablation sweep: report-budget, participation, local-steps or all "
+                      "(paper C.5; use --methods fedhv)")
+    grid.add_argument("--rounds", type=int, help="override every run's number of rounds")
+    grid.add_argument("--data-dir", help="data root (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
+    grid.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value in every run (repeatable)")
+    grid.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_grid_command(args: argparse.Namespace) -> int:
+    """``fedhv grid``: plan, then run on the local pool or on Ray; exit 1 when a run failed."""
+    from fedhv.cli import UsageError, _csv_list, _method, _quote
+    from fedhv.experiment.grid import plan_grid, run_grid
+
+    ray_only = {"--address": args.address, "--num-cpus": args.num_cpus, "--cpus-per-run": args.cpus_per_run != 1.0 or None,
+                "--gpus-per-run": args.gpus_per_run or None, "--storage": args.storage != "auto" or None,
+                "--retries": args.retries != 3 or None}
+    if args.backend == "ray" and (args.workers is not None or args.threads is not None):
+        raise UsageError("--workers / --threads are the local pool's; with --backend ray the runs in parallel are the "
+                         "cluster's CPUs / --cpus-per-run, and each run uses --cpus-per-run threads")
+    if args.backend == "local" and any(v is not None for v in ray_only.values()):
+        flags = ", ".join(k for k, v in ray_only.items() if v is not None)
+        raise UsageError(f"{flags}: only with --backend ray")
+    args.workers = 1 if args.workers is None else args.workers
+    if args.workers < 1 or (args.threads is not None and args.threads < 1):
+        raise UsageError(f"--workers {args.workers} / --threads {args.threads} must be >= 1")
+    methods = [_method(m) for m in _csv_list("--methods", args.methods, str)]
+    seeds = _csv_list("--seeds", args.seeds, int)
+    overrides = list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data.root={_quote(args.data_dir)}")
+    if args.rounds is not None:
+        overrides.append(f"rounds={args.rounds}")
+    if args.backend == "ray" and args.gpus_per_run > 0 and not any(o.startswith("device=") for o in overrides):
+        overrides.append('device="cuda"')  # Ray gives each task its share of a GPU as cuda:0
+    out = Path(args.out).resolve() if args.backend == "ray" else Path(args.out)  # workers may start elsewhere
+    jobs, calibrations = plan_grid(args.settings, methods, seeds, out, overrides, args.ablation)
+    try:
+        if args.backend == "ray":
+            from fedhv.experiment.grid_ray import RayOptions, run_grid_ray
+
+            opts = RayOptions(args.address, args.cpus_per_run, args.gpus_per_run, args.storage, args.retries,
+                              args.num_cpus)
+            report = run_grid_ray(jobs, calibrations, out, opts, progress=not args.quiet)
+        else:
+            report = run_grid(jobs, calibrations, out, args.workers, args.threads, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"grid {out}: stopped; queued runs were not started, running ones were checkpointed. "
+              "Rerun the same command to continue.", file=sys.stderr)
+        raise
+    print(f"grid {out}: {len(report.done)} run(s) finished, {len(report.skipped)} already done, "
+          f"{len(report.failed)} failed, {report.seconds:.0f} s")
+    for where, why in report.failed.items():
+        print(f"  failed: {where}: {why}", file=sys.stderr)
+    return 1 if report.failed else 0

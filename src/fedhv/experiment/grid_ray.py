@@ -1,0 +1,249 @@
+"""The experiment grid on Ray: ``fedhv grid … --backend ray [--address ADDR]``.
+
+Every calibration and every run is a Ray *task* (:mod:`fedhv.experiment.grid_ship`) with
+``num_cpus = --cpus-per-run`` and ``num_gpus = --gpus-per-run`` (fractions let several small
+runs share a device; Ray sets ``CUDA_VISIBLE_DEVICES`` for each task). A FedHV run that
+needs a calibration takes the calibration task's result (an ``ObjectRef``) as an argument,
+so Ray starts it once its calibration exists; a calibration already in ``OUT/calibration``
+is read by the driver and passed by value. Each family's calibration is computed once, as
+in the local grid.
+
+The guarantees of the local grid (:func:`fedhv.experiment.grid.run_grid`) hold: the same
+plan, checks and directory layout (finished runs skipped, partial runs resumed, a grid
+whose folder holds runs of another configuration refused before anything runs), one
+progress bar, and Ctrl-C / ``SIGTERM``: queued tasks are cancelled (never started) and
+running ones are interrupted (``ray.cancel``, a ``KeyboardInterrupt`` in the task), so they
+write a checkpoint (and ship it) before they end.
+
+Faults: a task whose worker process or node dies is retried by Ray (``max_retries =
+--retries``) and the retry resumes from the last checkpoint (in place, after the dead
+worker's lock is released; or from the last shipped copy). A task that *fails* (an
+exception of the run) is not retried: the grid reports it, as the local grid does.
+The driver killed: the same command continues (finished runs skipped, partial resumed).
+
+Without ``--address`` (and no ``RAY_ADDRESS``) the driver starts a new local Ray instance
+with this machine's cores (or ``--num-cpus``) and stops it at the end; with ``--address``
+(``auto``: the cluster this machine belongs to) it joins that cluster and leaves it running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhv.errors import ConfigError
+from fedhv.experiment.grid import (
+    CalibrationJob,
+    GridReport,
+    GridTerminated,
+    Job,
+    _rounds_done,
+    _summary_line,
+    _terminate,
+    check_existing_runs,
+    job_state,
+)
+from fedhv.experiment.grid_ship import PROBE, Collector, summary_of, task_calibration, task_job, write_probe
+from fedhv.results.runfiles import write_json
+
+log = logging.getLogger("fedhv")
+
+#: Seconds a stopped grid waits for its running tasks to checkpoint before it leaves them.
+STOP_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How the grid uses Ray (the ``fedhv grid`` flags of the same names)."""
+
+    address: str | None = None  #: ``None``: a local Ray instance started (and stopped) by the driver
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+    storage: str = "auto"  #: ``auto``, ``shared`` or ``ship`` (:mod:`fedhv.experiment.grid_ship`)
+    retries: int = 3  #: Ray's ``max_retries``: new attempts after a lost worker or node
+    num_cpus: int | None = None  #: a local instance's CPUs (default: the machine's)
+
+    def check(self) -> None:
+        """One line naming the flag, the value and the fix."""
+        if not self.cpus_per_run > 0:
+            raise ConfigError(f"--cpus-per-run {self.cpus_per_run}: give a positive number of CPUs per run")
+        if self.gpus_per_run < 0:
+            raise ConfigError(f"--gpus-per-run {self.gpus_per_run}: give 0 (CPU runs) or a positive fraction")
+        if self.gpus_per_run > 1 and self.gpus_per_run != int(self.gpus_per_run):
+            raise ConfigError(f"--gpus-per-run {self.gpus_per_run}: above 1 Ray needs a whole number of GPUs")
+        if self.storage not in ("auto", "shared", "ship"):
+            raise ConfigError(f"--storage {self.storage!r}: choose auto, shared or ship")
+        if self.retries < 0:
+            raise ConfigError(f"--retries {self.retries}: give 0 or more")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"--num-cpus {self.num_cpus}: give 1 or more")
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--backend ray needs Ray: pip install 'fedhv[ray]'") from None
+    return ray
+
+
+def _connect(ray: Any, opts: RayOptions) -> bool:
+    """Start or join Ray; ``True`` when this process started the instance (and stops it)."""
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    address = opts.address or os.environ.get("RAY_ADDRESS")
+    if address:  # join: ray.shutdown() then only disconnects this driver
+        ray.init(address=address, **kwargs)
+    else:  # a new local instance, never one that happens to run on this machine
+        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+    return True
+
+
+def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, opts: RayOptions,
+                 progress: bool = True) -> GridReport:
+    """Run the grid's calibrations and jobs as Ray tasks (see the module docstring).
+
+    Raises
+    ------
+    GridError
+        When ``out`` holds runs of another configuration (nothing runs).
+    KeyboardInterrupt
+        After Ctrl-C / ``SIGTERM`` (:class:`GridTerminated`): queued tasks cancelled, running ones
+        checkpointed.
+    """
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    opts.check()
+    ray = _ray()
+    start = time.perf_counter()
+    out = out.resolve()
+    check_existing_runs(jobs, out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = GridReport()
+    todo_cal = [c for c in calibrations if not Path(c.path).exists()]
+    report.skipped = [j.run_dir for j in jobs if job_state(j) == "done"]
+    todo = [j for j in jobs if job_state(j) != "done"]
+    write_json(out / "grid.json", {"jobs": [dataclasses.asdict(j) for j in jobs],
+                                   "calibrations": [dataclasses.asdict(c) for c in calibrations]})
+    token = uuid.uuid4().hex
+    write_probe(out, token)
+    total = sum(j.rounds for j in jobs) + sum(c.rounds for c in todo_cal)
+    bar = tqdm(total=total, desc="grid (ray)", disable=not progress, dynamic_ncols=True, unit="round")
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    started = _connect(ray, opts)
+    pending: dict[Any, tuple[str, Any]] = {}
+    try:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = ray.get_runtime_context().get_node_id()
+        collector = ray.remote(Collector).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(str(out))
+        res = {"num_cpus": opts.cpus_per_run, "num_gpus": opts.gpus_per_run, "max_retries": opts.retries}
+        cal_task = ray.remote(task_calibration).options(**res)
+        job_task = ray.remote(task_job).options(**res)
+        cal_refs: dict[str, Any] = {}
+        for c in todo_cal:
+            ref = cal_task.remote(c, opts.cpus_per_run)
+            cal_refs[c.path] = ref
+            pending[ref] = ("calibration", c)
+        cal_done = 0
+        for j in todo:
+            cal: Any = None
+            if j.calibration is not None:
+                cal = cal_refs.get(j.calibration)
+                if cal is None:  # computed earlier: read (and verified) here, passed by value
+                    from fedhv.experiment.calibration import load_calibration
+
+                    cal = load_calibration(j.calibration).as_dict()
+            ref = job_task.remote(j, cal, str(out), token, opts.storage, opts.cpus_per_run, collector)
+            pending[ref] = ("job", j)
+        finished: set[str] = set()
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in ready:
+                kind, item = pending.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except (ray.exceptions.TaskCancelledError, KeyboardInterrupt):
+                    raise KeyboardInterrupt(f"{getattr(item, 'run_dir', getattr(item, 'path', ''))}: cancelled")
+                except ray.exceptions.RayError as exc:
+                    where = item.path if kind == "calibration" else item.run_dir
+                    why = _reason(exc)
+                    report.failed[where] = why
+                    tqdm.write(f"failed: {where}: {why}")
+                    if kind == "calibration":
+                        _fail_dependants(pending, item.path, report, ray)
+                    continue
+                if kind == "calibration":
+                    write_json(Path(item.path), value)
+                    cal_done += item.rounds
+                else:
+                    report.done.append(item.run_dir)
+                    tqdm.write(_summary_line(item.run_dir, summary_of(value)))
+            remote = ray.get(collector.all_progress.remote())
+            done_rounds = sum(max(_rounds_done(j, finished), min(j.rounds, remote.get(_rel(j, out), 0)))
+                              for j in jobs) + cal_done
+            bar.n = min(total, done_rounds)
+            bar.set_postfix_str(f"runs {len(report.done) + len(report.skipped)}/{len(jobs)} done, "
+                                f"{len(report.failed)} failed", refresh=False)
+            bar.refresh()
+    except BaseException:
+        _stop(ray, pending)
+        raise
+    finally:
+        bar.close()
+        (out / PROBE).unlink(missing_ok=True)
+        if started:
+            ray.shutdown()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _rel(job: Job, out: Path) -> str:
+    return os.path.relpath(job.run_dir, out)
+
+
+def _reason(exc: BaseException) -> str:
+    """A failed task's cause in one line (the run's own exception where Ray kept it)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+def _fail_dependants(pending: dict[Any, tuple[str, Any]], path: str, report: GridReport, ray: Any) -> None:
+    """The runs waiting for a failed calibration fail with it (they never start)."""
+    for ref, (kind, item) in list(pending.items()):
+        if kind == "job" and item.calibration == path:
+            ray.cancel(ref, force=False)
+            pending.pop(ref)
+            report.failed[item.run_dir] = f"its calibration {path} failed"
+
+
+def _stop(ray: Any, pending: dict[Any, tuple[str, Any]]) -> None:
+    """Ctrl-C / SIGTERM / a driver failure: cancel the queue, interrupt running tasks so they
+    checkpoint, wait for them up to :data:`STOP_GRACE_S` seconds (a second Ctrl-C: no wait)."""
+    refs = list(pending)
+    for ref in refs:
+        with contextlib.suppress(Exception):  # already finished or gone
+            ray.cancel(ref, force=False)
+    try:
+        deadline = time.monotonic() + STOP_GRACE_S
+        while refs and time.monotonic() < deadline:
+            _, refs = ray.wait(refs, num_returns=len(refs), timeout=max(0.1, deadline - time.monotonic()))
+    except (KeyboardInterrupt, GridTerminated):
+        pass
