@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from flower_support import needs_flwr
 
@@ -138,3 +139,26 @@ def test_one_client_per_node_validates_the_overrides_with_the_nodes_count() -> N
     assert (cfg.partition.clients, cfg.train.clients_per_round) == (3, 3)
     with pytest.raises(FlowerRunError, match="--nodes 0"):
         local_config("multimnist", 0)
+
+
+def test_a_process_serving_many_virtual_nodes_keeps_small_bounded_client_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found measuring item 5: at 10,000 virtual SuperNodes one Simulation Engine actor grew to
+    14 GB (every client's data carried a full [N, S] partition copy, and every client was kept)."""
+    from fedhv.config import load_config
+    from fedhv.flower import node
+
+    monkeypatch.setattr(node, "MAX_CLIENTS", 8)
+    node._DATA.clear()
+    cfg = load_config("multimnist", ["partition.clients=500", "partition.samples_per_client=16", "train.batch_size=8",
+                                     "train.clients_per_round=10", "data.max_test_samples=100"])
+    first = node.partition_data(cfg, 499)
+    assert first.parts.shape == (500, 16) and first.parts[499].tolist() == list(range(16))
+    assert first.parts.reshape(-1).numel() == 16  # the node's row only, not 500 x 16
+    with pytest.raises(node.NodeError, match="holds client 499's samples only"):
+        first.parts[0]
+    full = node.federated_data(cfg)
+    assert torch.equal(first.train_x, full.train_x[full.parts[499]])  # the client's own samples, in order
+    for client in range(12):
+        node.partition_data(cfg, client)
+    assert len(node._DATA["clients"]) == 8 and 499 not in node._DATA["clients"]  # least recently served went
+    node._DATA.clear()

@@ -67,11 +67,22 @@ def dirichlet_partition(
     # of 40 attributes has tens of thousands).
     order = np.argsort(strata, kind="stable")
     keys, starts = np.unique(strata[order], return_index=True)
+    # pools[k][heads[k]:] is stratum k's pool (a head offset instead of re-slicing the list on
+    # every take); the top-up picks its entries by position in the concatenation of the pools
+    # (strata in order) without building that list: O(K + picks) per client instead of O(n).
+    # The random draws and their order are exactly the reference's (tests/test_partition.py
+    # checks the result against the list-building loop).
     pools: list[list[int]] = []
+    heads: list[int] = []
     used: list[list[int]] = []
     for idx in np.split(order, starts[1:]):
         pools.append(list(rng.permutation(idx)))
+        heads.append(0)
         used.append([])
+
+    def pool(k: int) -> list[int]:
+        return pools[k][heads[k]:] if heads[k] else pools[k]
+
     out = np.empty((clients, samples_per_client), dtype=np.int64)
     recycled = 0
     exhausted: dict[int, int] = {}  # stratum -> times its pool ran dry
@@ -81,38 +92,40 @@ def dirichlet_partition(
         wants = np.floor(p * samples_per_client).astype(np.int64)
         for k in np.flatnonzero(wants).tolist():  # strata in sorted order; n_k = 0 takes nothing
             want = int(wants[k])
-            if len(pools[k]) < want:
-                refill = pools[k] + used[k]
-                pools[k] = list(rng.permutation(refill)) if refill else []
+            if len(pools[k]) - heads[k] < want:
+                refill = pool(k) + used[k]
+                pools[k], heads[k] = (list(rng.permutation(refill)) if refill else []), 0
                 used[k] = []
                 recycled += 1
                 exhausted[k] = exhausted.get(k, 0) + 1
-            take = pools[k][:want]
-            pools[k] = pools[k][want:]
+            take = pools[k][heads[k]:heads[k] + want]
+            heads[k] += len(take)
             used[k].extend(take)
             mine.extend(take)
         short = samples_per_client - len(mine)
         if short > 0:
-            leftovers = [(k, i) for k in range(len(keys)) for i in pools[k]]
-            if len(leftovers) < short:
+            sizes = np.array([len(pools[k]) - heads[k] for k in range(len(keys))], dtype=np.int64)
+            if int(sizes.sum()) < short:
                 # Reshuffle every stratum; the client's own samples stay out of the pools (no
                 # duplicates within a row) but remain in circulation as ``used`` for later clients.
                 mine_set = set(mine)
                 for k in range(len(keys)):
-                    everything = pools[k] + used[k]
+                    everything = pool(k) + used[k]
                     used[k] = [i for i in everything if i in mine_set]
-                    pools[k] = [i for i in rng.permutation(everything) if i not in mine_set]
+                    pools[k], heads[k] = [i for i in rng.permutation(everything) if i not in mine_set], 0
                 recycled += 1
-                leftovers = [(k, i) for k in range(len(keys)) for i in pools[k]]
-            order = rng.permutation(len(leftovers))[::-1][:short]
-            chosen = [leftovers[j] for j in order]
+                sizes = np.array([len(pools[k]) for k in range(len(keys))], dtype=np.int64)
+            ends = np.cumsum(sizes)
+            picks = rng.permutation(int(ends[-1]))[::-1][:short]  # positions in the concatenated pools
+            strata_of = np.searchsorted(ends, picks, side="right")
             taken: dict[int, set[int]] = {}
-            for k, i in chosen:
+            for j, k in zip(picks.tolist(), strata_of.tolist()):
+                i = pools[k][heads[k] + j - int(ends[k] - sizes[k])]
                 taken.setdefault(k, set()).add(i)
                 used[k].append(i)
                 mine.append(i)
             for k, ids in taken.items():
-                pools[k] = [i for i in pools[k] if i not in ids]
+                pools[k], heads[k] = [i for i in pool(k) if i not in ids], 0
         out[c] = np.asarray(mine, dtype=np.int64)
     if recycled:
         warnings.warn(_recycling_note(keys, exhausted, recycled, out, n), stacklevel=2)

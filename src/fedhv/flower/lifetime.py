@@ -138,7 +138,9 @@ def sweep(token: str, grace_s: float = 3.0, exclude: Iterable[int] = (), rounds:
     """Stop every process marked with ``token``: ``SIGTERM``, wait up to ``grace_s``, ``SIGKILL``.
 
     Repeated (at most ``rounds`` times) until no marked process is left, so one started while
-    the sweep runs is stopped as well. Returns the PIDs signalled.
+    the sweep runs is stopped as well. The descendants of marked processes are stopped with
+    them, marked or not (Ray's agents under a raylet drop the environment: they were orphaned
+    when only the raylet was killed). Returns the PIDs signalled.
     """
     exclude = tuple(exclude)
     seen: list[int] = []
@@ -146,6 +148,8 @@ def sweep(token: str, grace_s: float = 3.0, exclude: Iterable[int] = (), rounds:
         pids = marked(token, exclude)
         if not pids:
             break
+        skip = {os.getpid(), *exclude, *pids}
+        pids += sorted({d for p in pids for d in descendants(p)} - skip)
         seen += [p for p in pids if p not in seen]
         signal_all(pids, signal.SIGTERM)
         deadline = time.monotonic() + grace_s

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,17 +43,48 @@ def config_sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class OneClientParts:
+    """The ``parts`` of a node's data: indexes like the ``[N, S]`` partition, but holds only
+    row ``client`` (``0 .. S-1``, its samples re-indexed); any other row is an error.
+
+    A full ``[N, S]`` copy per client cost 5 MB at N = 10,000 (S = 64), times every client a
+    Simulation Engine actor serves: 14 GB in one actor before this class.
+    """
+
+    def __init__(self, client: int, num_clients: int, size: int, device: torch.device) -> None:
+        self.client, self.num_clients = client, num_clients
+        self.row = torch.arange(size, device=device)
+
+    def __getitem__(self, c: int) -> torch.Tensor:
+        if int(c) != self.client:
+            raise NodeError(f"this node holds client {self.client}'s samples only, not client {int(c)}'s")
+        return self.row
+
+    def __len__(self) -> int:
+        return self.num_clients
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.num_clients, len(self.row))
+
+    def reshape(self, *shape: int) -> torch.Tensor:
+        """The node's sample indices (only ``reshape(-1)`` is meaningful)."""
+        return self.row
+
+    def to(self, device: torch.device | str) -> OneClientParts:
+        return OneClientParts(self.client, self.num_clients, len(self.row), torch.device(device))
+
+
 def node_data(data: FederatedData, client: int) -> FederatedData:
     """Only ``client``'s training samples, re-indexed ``0 .. S-1`` (no evaluation sets).
 
-    ``parts`` keeps its ``[N, S]`` shape so client ids stay valid; every row but
-    ``client``'s is empty of meaning (zeros) and never read.
+    ``parts`` (:class:`OneClientParts`) indexes like the ``[N, S]`` partition, so client ids
+    stay valid, but holds only ``client``'s row.
     """
     own = data.parts[client]
-    parts = torch.zeros_like(data.parts)
-    parts[client] = torch.arange(len(own), device=own.device)
+    parts = OneClientParts(client, data.num_clients, len(own), own.device)
     return dataclasses.replace(data, train_x=data.train_x[own].clone(), train_y=data.train_y[own].clone(),
-                               parts=parts, eval_sets={})
+                               parts=parts, eval_sets={})  # type: ignore[arg-type]  # indexes like a tensor
 
 
 #: ``key`` (the data / partition configuration), ``full`` (the benchmark) and ``clients`` (client ->
@@ -78,14 +110,20 @@ def partition_data(cfg: RunConfig, client: int) -> FederatedData:
     if _DATA.get("key") != key:  # another benchmark or partition: forget the previous one's clients
         _DATA.clear()
         _DATA["key"] = key
-    clients: dict[int, FederatedData] = _DATA.setdefault("clients", {})  # type: ignore[assignment]
-    if client not in clients:
+    clients: OrderedDict[int, FederatedData] = _DATA.setdefault("clients", OrderedDict())  # type: ignore[assignment]
+    if client in clients:
+        clients.move_to_end(client)
+    else:
         full = _DATA.get("full")
         if full is None:
             full = _DATA["full"] = federated_data(cfg)  # type: ignore[assignment]
         clients[client] = node_data(full, client)  # type: ignore[arg-type]
-        if len(clients) == 1:  # a process of one client (a real SuperNode) keeps its samples only
+        if len(clients) == 1 and _DATA.get("many") is None:  # one client (a real SuperNode): its samples only
             del _DATA["full"]
+        else:
+            _DATA["many"] = True
+        while len(clients) > MAX_CLIENTS:  # an actor of many virtual SuperNodes: the least recently served go
+            clients.popitem(last=False)
     return clients[client]
 
 
@@ -253,7 +291,10 @@ class NodeWorker:
                            buffers=out.buffers)
 
 
-_WORKERS: dict[tuple[str, int, int, str], NodeWorker] = {}
+_WORKERS: OrderedDict[tuple[str, int, int, str], NodeWorker] = OrderedDict()
+#: Workers (model, engine) and clients' samples one process keeps: a Simulation Engine actor serves
+#: thousands of virtual SuperNodes; the least recently served are rebuilt when served again.
+MAX_WORKERS, MAX_CLIENTS = 64, 1024
 
 
 def worker_for(config_text: str, partition: int, num_partitions: int, data_path: str | None = None) -> NodeWorker:
@@ -264,4 +305,7 @@ def worker_for(config_text: str, partition: int, num_partitions: int, data_path:
         for old in [k for k in _WORKERS if k[0] != key[0]]:  # one run at a time: drop the previous run's workers
             del _WORKERS[old]
         _WORKERS[key] = NodeWorker(config_text, partition, num_partitions, data_path)
+        while len(_WORKERS) > MAX_WORKERS:
+            _WORKERS.popitem(last=False)
+    _WORKERS.move_to_end(key)
     return _WORKERS[key]
