@@ -100,6 +100,8 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
     """Start or join Ray; ``True`` when this process started the instance (and stops it)."""
     if ray.is_initialized():
         return False
+    # CPU runs (num_gpus = 0) ask for no device; Ray's notice about hiding the GPUs from them is noise here
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
     address = opts.address or os.environ.get("RAY_ADDRESS")
     if address:  # join: ray.shutdown() then only disconnects this driver
@@ -186,6 +188,7 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
                         _fail_dependants(pending, item.path, report, ray)
                     continue
                 if kind == "calibration":
+                    Path(item.path).parent.mkdir(parents=True, exist_ok=True)
                     write_json(Path(item.path), value)
                     cal_done += item.rounds
                 else:
