@@ -198,3 +198,46 @@ def with_suppress_kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def test_ctrl_c_cancels_the_queue_checkpoints_the_running_run_and_the_same_command_continues(tmp_path: Path) -> None:
+    """A local Ray instance of one CPU (no --address): run s0 pauses after round 1, the driver gets
+    SIGINT: it exits 130, s0 holds its round-1 checkpoint and no summary, s1 (queued) never started,
+    every process of the instance is gone; the same command then finishes both, s0 resumed from
+    round 1."""
+    out = tmp_path / "grid"
+    args = ["grid", "multimnist", "--methods", "uniform", "--seeds", "0,1", "--rounds", "3", "--quiet",
+            *[x for s in SETS for x in ("--set", s)], "--backend", "ray", "--num-cpus", "1", "--out", str(out)]
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="r", dir="/tmp"),
+           "FEDHV_TEST_PAUSE_AFTER_ROUND": "1", "FEDHV_TEST_PAUSE_RUN": "multimnist/uniform/s0"}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen([sys.executable, "-m", "fedhv.cli", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and driver.poll() is None:
+            seen |= descendants(driver.pid)
+            if (out / "multimnist" / "uniform" / "s0" / ".test-paused").exists():
+                break
+            time.sleep(0.2)
+        assert (out / "multimnist" / "uniform" / "s0" / ".test-paused").exists(), driver.communicate()[1][-3000:]
+        seen |= descendants(driver.pid)
+        driver.send_signal(signal.SIGINT)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 130, stderr[-3000:]
+    assert "stopped; queued runs were not started" in stderr
+    s0 = out / "multimnist" / "uniform" / "s0"
+    assert (s0 / "checkpoint.pt").exists() and not (s0 / "summary.json").exists()
+    assert not (out / "multimnist" / "uniform" / "s1").exists()  # queued: never started
+    gone_by = time.monotonic() + 30
+    while time.monotonic() < gone_by and any(alive(p) for p in seen):
+        time.sleep(0.2)
+    assert not [p for p in seen if alive(p)], "the local Ray instance outlived its driver"
+    env.pop("FEDHV_TEST_PAUSE_AFTER_ROUND")
+    res = _fedhv(*args, env=env)
+    assert res.returncode == 0 and "2 run(s) finished" in res.stdout, res.stderr[-3000:]
+    assert [json.loads(x)["round"] for x in (s0 / "resumes.jsonl").read_text().splitlines()] == [1]
