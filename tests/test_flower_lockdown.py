@@ -26,45 +26,45 @@ def _flwr(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, check=False)
 
 
-@needs_flwr
-def test_a_node_host_with_only_the_ca_is_refused_the_control_api(tmp_path: Path) -> None:
+def _refused_at_the_gate(dep, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A node host with only ``ca.crt`` and the nodes' address: register / list / ls refused, the
+    operator's registrations unchanged."""
     from fedhv.flower.certs import make_node_key
     from fedhv.flower.lifetime import MARK
-    from fedhv.flower.local import local_deployment
 
-    with local_deployment(2, tls=True, auth=True, gate=True) as dep:
-        ca = dep.root_certificates
-        assert ca is not None and dep.fleet_port and dep.fleet_port != dep.port
-        home = tmp_path / "node-host"  # what a node host has: ca.crt and the address the nodes use
-        home.mkdir()
-        (home / "config.toml").write_text(f'[superlink]\ndefault = "node"\n\n[superlink.node]\n'
-                                          f'address = "127.0.0.1:{dep.fleet_port}"\nroot-certificates = "{ca}"\n')
-        host_env = {**dep.env, "FLWR_HOME": str(home)}
-        host_env.pop(MARK)
-        key = make_node_key(tmp_path / "keys", "intruder")[0]
-        before = _flwr(dep.env, "supernode", "list", "local", "--format", "json")
-        assert before.returncode == 0, before.stdout + before.stderr
-        for args in (["supernode", "register", f"{key}.pub", "node", "--format", "json"],
-                     ["supernode", "list", "node", "--format", "json"], ["ls", "node", "--format", "json"]):
-            res = _flwr(host_env, *args)
-            assert res.returncode != 0 or '"success": false' in res.stdout.replace(" ", "").replace(
-                '"success":false', '"success": false'), (args, res.stdout, res.stderr)
-            assert "node-id" not in res.stdout, res.stdout
-        after = _flwr(dep.env, "supernode", "list", "local", "--format", "json")
-        ids = [sorted(n["node-id"] for n in json.loads(r.stdout)["nodes"]) for r in (before, after)]
-        assert ids[0] == ids[1] and len(ids[0]) == 2  # nothing was registered through the gate
-        cfg = load_config("multimnist", [*SMALL, "partition.clients=2", "train.clients_per_round=2", "rounds=1",
-                                         'method="uniform"', "eval.test_period=1"])
-        run = dep.submit(cfg, tmp_path / "run")  # the nodes work through the gate
-    assert len(rounds_of(run)) == 1 and (run / "summary.json").is_file()
+    ca = dep.root_certificates
+    assert ca is not None and dep.fleet_port and dep.fleet_port != dep.port
+    home = tmp_path / "node-host"  # what a node host has: ca.crt and the address the nodes use
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "node"\n\n[superlink.node]\n'
+                                      f'address = "127.0.0.1:{dep.fleet_port}"\nroot-certificates = "{ca}"\n')
+    host_env = {**dep.env, "FLWR_HOME": str(home)}
+    host_env.pop(MARK)
+    key = make_node_key(tmp_path / "keys", "intruder")[0]
+    before = _flwr(dep.env, "supernode", "list", "local", "--format", "json")
+    assert before.returncode == 0, before.stdout + before.stderr
+    for args in (["supernode", "register", f"{key}.pub", "node", "--format", "json"],
+                 ["supernode", "list", "node", "--format", "json"], ["ls", "node", "--format", "json"]):
+        res = _flwr(host_env, *args)
+        assert res.returncode != 0 or '"success": false' in res.stdout.replace(" ", "").replace(
+            '"success":false', '"success": false'), (args, res.stdout, res.stderr)
+        assert "node-id" not in res.stdout, res.stdout
+    after = _flwr(dep.env, "supernode", "list", "local", "--format", "json")
+    ids = [sorted(n["node-id"] for n in json.loads(r.stdout)["nodes"]) for r in (before, after)]
+    assert ids[0] == ids[1] and len(ids[0]) == 2  # nothing was registered through the gate
 
 
 @needs_flwr
-def test_superlink_restart_runbook_resumes_the_run_bit_identically(tmp_path: Path) -> None:
-    """The recovery runbook (docs/flower.md): the SuperLink dies mid-run (kill -9); it is started
-    again on its port and ``--database``; the registered node keys are still there, the SuperNodes
-    (authenticated, through the gate) reconnect by themselves, and ``resume`` ends with the
-    uninterrupted float64 run's rounds and model, bit for bit."""
+def test_gate_refuses_a_node_host_and_the_restart_runbook_resumes_bit_identically(tmp_path: Path) -> None:
+    """One deployment (TLS, SuperNode authentication, the gate, ``--database``) for both checks:
+
+    1. a node host with only ``ca.crt`` is refused the Control API at the gate (above);
+    2. the recovery runbook (docs/flower.md): a run of the authenticated nodes through the gate,
+       the SuperLink killed (kill -9) after round 2 of 4 and started again on its port and
+       ``--database``; the registered node keys are still there, the SuperNodes reconnect by
+       themselves, and ``resume`` ends with the uninterrupted float64 run's rounds and model,
+       bit for bit.
+    """
     import os
     import signal
     import threading
@@ -81,6 +81,7 @@ def test_superlink_restart_runbook_resumes_the_run_bit_identically(tmp_path: Pat
     cfg = load_config("multimnist", sets)
     out = tmp_path / "run"
     with local_deployment(2, tls=True, auth=True, gate=True) as dep:
+        _refused_at_the_gate(dep, tmp_path)
         nodes_before = json.loads(_flwr(dep.env, "supernode", "list", "local", "--format", "json").stdout)["nodes"]
         failed: list[BaseException] = []
 
