@@ -75,7 +75,7 @@ def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path:
            "FLWR_DISABLE_UPDATE_CHECK": "1", "FEDHV_DEPLOYMENT": token,
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     out = tmp_path / "run"
-    run_config = f'rounds=2 seed=3 set="{"; ".join(SETS)}" out="{out}"'
+    run_config = f'rounds=2 seed=3 clients=3 set="{"; ".join(SETS)}" out="{out}"'  # clients given: no discovery
     flwr = str(Path(sys.executable).parent / "flwr")
     seen: list[int] = []
     try:
@@ -89,6 +89,7 @@ def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path:
     assert res.returncode == 0, log[-3000:]
     for line in ("fedhv: calibration 1/1", "fedhv: round 1/2", "fedhv: round 2/2", "fedhv: finished: MeanAcc"):
         assert line in log, log[-3000:]
+    assert "asking the SuperNodes for their partition count" not in log  # one pass over the nodes
     assert seen and not marked(token)  # the CLI's local SuperLink (and what it started) ran, and is gone
     assert_gone(set(seen))
     sim = tmp_path / "sim"

@@ -31,6 +31,7 @@ def test_flwr_run_of_the_app_against_stock_supernodes_with_tls_and_node_auth(tmp
                              env=dep.env, capture_output=True, text=True, timeout=540, check=False)
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "fedhv: round 2/2" in log, log[-3000:]
+    assert "asking the SuperNodes for their partition count" in log  # clients=0: discovered
     sim = tmp_path / "sim"
     run_experiment(load_config("multimnist", [*SETS, "partition.clients=2", "train.clients_per_round=2", "rounds=2",
                                               "seed=3", 'engine="sequential"']), sim, progress=False)

@@ -92,6 +92,30 @@ def test_sweep_stops_marked_processes_that_ignore_sigterm() -> None:
             p.wait()
 
 
+def test_sweep_stops_unmarked_descendants_of_marked_processes() -> None:
+    """As Ray's agents under a raylet: a marked process starts a child without the mark; the sweep
+    stops the child too (before, killing the marked parent orphaned it)."""
+    code = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        env = {{k: v for k, v in os.environ.items() if k != {MARK!r}}}
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+        print(child.pid, flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, MARK: "t-tree"},
+                              start_new_session=True, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert marked("t-tree") == [parent.pid] and alive(child)
+        sweep("t-tree", grace_s=0.5)
+        parent.wait(timeout=10)
+        assert _wait(lambda: not alive(child)), "the unmarked child outlived the sweep"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_watchdog_sweeps_when_its_launcher_is_killed(tmp_path: Path) -> None:
     """A launcher starts the watchdog and a marked, SIGTERM-ignoring process in a session of its own
     (as flwr's SuperExec starts the ServerApp), then dies by SIGKILL: the process and the work

@@ -100,6 +100,7 @@ def app_options(run_config: dict[str, Any]) -> AppOptions:
 def discover_partitions(grid: Grid, wait_s: float) -> int:
     """The number of partitions the SuperNodes serve (their ``num-partitions``), once that many are
     connected: each new node is asked for its ``node_config`` (no data is loaded)."""
+    log.info("fedhv: asking the SuperNodes for their partition count (give clients=N to skip this pass)")
     deadline = time.monotonic() + wait_s
     asked: set[int] = set()
     want: int | None = None
