@@ -12,7 +12,9 @@ from helpers import small_config
 
 
 def _same(a, b) -> bool:  # type: ignore[no-untyped-def]
-    return torch.equal(a.train_x, b.train_x) and torch.equal(a.train_y, b.train_y) and torch.equal(a.parts, b.parts)
+    """The same samples for the same client (``parts`` holds the node's own row only)."""
+    return (torch.equal(a.train_x, b.train_x) and torch.equal(a.train_y, b.train_y) and a.parts.shape == b.parts.shape
+            and a.parts.client == b.parts.client and torch.equal(a.parts[a.parts.client], b.parts[b.parts.client]))
 
 
 def test_other_seed_and_method_reuse_the_node_samples() -> None:
