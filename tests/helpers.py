@@ -109,3 +109,25 @@ def cli(*args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike[st
         logger.propagate = saved_logger[2]
     returncode = code if isinstance(code, int) else (0 if code is None else 1)
     return subprocess.CompletedProcess(["fedhv", *args], returncode, out.getvalue(), err.getvalue())
+
+
+def from_a_shell(cmd: list[str]) -> list[str]:
+    """``cmd`` run with the signal state a terminal's shell gives a command (SIGINT default, nothing
+    blocked), whatever the test process inherited: a Python trampoline that resets both and
+    ``exec``s ``cmd`` in the same process (its PID is the one the test signals)."""
+    import sys
+
+    reset = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+             "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])")
+    return [sys.executable, "-c", reset, *cmd]
+
+
+def signal_state(pid: int) -> str:
+    """``SigBlk`` / ``SigIgn`` / ``SigCgt`` of a process (for a failure message)."""
+    from pathlib import Path
+
+    try:
+        return " ".join(x.replace("\t", "") for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if x.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "gone"

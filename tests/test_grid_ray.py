@@ -34,6 +34,8 @@ ray = pytest.importorskip("ray", reason="the Ray grid needs ray: pip install -e 
 from fedhv.experiment.grid_ship import Collector, ShipError, pack_dir, write_members
 from fedhv.flower.lifetime import alive, descendants
 
+from helpers import from_a_shell, signal_state
+
 SETS = ["partition.clients=4", "partition.samples_per_client=32", "train.clients_per_round=2",
         "train.local_steps=2", "train.batch_size=16", "calibration.rounds=1", "data.max_test_samples=200",
         "eval.test_period=1", "dtype='float64'", "checkpoint.period=1"]
@@ -212,7 +214,7 @@ def test_ctrl_c_cancels_the_queue_checkpoints_the_running_run_and_the_same_comma
     env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="r", dir="/tmp"),
            "FEDHV_TEST_PAUSE_AFTER_ROUND": "1", "FEDHV_TEST_PAUSE_RUN": "multimnist/uniform/s0"}
     env.pop("RAY_ADDRESS", None)
-    driver = subprocess.Popen([sys.executable, "-m", "fedhv.cli", *args], stdout=subprocess.PIPE,
+    driver = subprocess.Popen(from_a_shell([sys.executable, "-m", "fedhv.cli", *args]), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env)
     seen: set[int] = set()
     try:
@@ -224,8 +226,12 @@ def test_ctrl_c_cancels_the_queue_checkpoints_the_running_run_and_the_same_comma
             time.sleep(0.2)
         assert (out / "multimnist" / "uniform" / "s0" / ".test-paused").exists(), driver.communicate()[1][-3000:]
         seen |= descendants(driver.pid)
+        state = f"test process {signal_state(os.getpid())}; driver {signal_state(driver.pid)}"
         driver.send_signal(signal.SIGINT)
-        _, stderr = driver.communicate(timeout=120)
+        try:
+            _, stderr = driver.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the driver did not stop after SIGINT ({state})") from None
     finally:
         if driver.poll() is None:
             driver.kill()

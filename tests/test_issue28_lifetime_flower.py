@@ -18,6 +18,8 @@ from pathlib import Path
 from flower_support import needs_flwr, rounds_of
 from test_issue28_lifetime import _assert_all_gone, _cmdline, _flower_cmd, _lines, _resume_cmd, _token, _until
 
+from helpers import from_a_shell, signal_state
+
 
 @needs_flwr
 def test_kill9_of_the_superlink_stops_the_serverapp_and_frees_the_lock(tmp_path: Path) -> None:
@@ -45,12 +47,14 @@ def test_ctrl_c_mid_run_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
     from fedhv.results.rundir import RunDir
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(_flower_cmd(out, 50), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(from_a_shell(_flower_cmd(out, 50)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     seen = _until(proc, lambda: _lines(out / "rounds.jsonl") >= 1)
     token = _token(seen)
     assert any(b"flwr-serverapp" in _cmdline(p) for p in seen)
+    state = f"test process {signal_state(os.getpid())}; launcher {signal_state(proc.pid)}"
     proc.send_signal(signal.SIGINT)
     output = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, output
+    assert proc.returncode == 130, (state, output)
     _assert_all_gone(seen, token, at_once=True)
     RunDir(out).close()
