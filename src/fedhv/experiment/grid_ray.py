@@ -97,7 +97,8 @@ def _ray() -> Any:
 
 
 def _connect(ray: Any, opts: RayOptions) -> bool:
-    """Start or join Ray; ``True`` when this process started the instance (and stops it)."""
+    """Start or join Ray; ``True`` when this process started a local instance (its tasks then
+    watch this process: they checkpoint and stop when it is killed)."""
     if ray.is_initialized():
         return False
     # CPU runs (num_gpus = 0) ask for no device; Ray's notice about hiding the GPUs from them is noise here
@@ -106,8 +107,8 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
     address = opts.address or os.environ.get("RAY_ADDRESS")
     if address:  # join: ray.shutdown() then only disconnects this driver
         ray.init(address=address, **kwargs)
-    else:  # a new local instance, never one that happens to run on this machine
-        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)
+        return False
+    ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)  # never another's
     return True
 
 
@@ -143,7 +144,11 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
     bar = tqdm(total=total, desc="grid (ray)", disable=not progress, dynamic_ncols=True, unit="round")
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    started = _connect(ray, opts)
+    joined = ray.is_initialized()
+    local = _connect(ray, opts)
+    from fedhv.flower.lifetime import start_ticks
+
+    driver = (os.getpid(), start_ticks(os.getpid())) if local else None
     pending: dict[Any, tuple[str, Any]] = {}
     try:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -156,7 +161,7 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
         job_task = ray.remote(task_job).options(**res)
         cal_refs: dict[str, Any] = {}
         for c in todo_cal:
-            ref = cal_task.remote(c, opts.cpus_per_run)
+            ref = cal_task.remote(c, opts.cpus_per_run, driver)
             cal_refs[c.path] = ref
             pending[ref] = ("calibration", c)
         cal_done = 0
@@ -168,7 +173,7 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
                     from fedhv.experiment.calibration import load_calibration
 
                     cal = load_calibration(j.calibration).as_dict()
-            ref = job_task.remote(j, cal, str(out), token, opts.storage, opts.cpus_per_run, collector)
+            ref = job_task.remote(j, cal, str(out), token, opts.storage, opts.cpus_per_run, collector, driver)
             pending[ref] = ("job", j)
         finished: set[str] = set()
         while pending:
@@ -207,7 +212,7 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
     finally:
         bar.close()
         (out / PROBE).unlink(missing_ok=True)
-        if started:
+        if not joined:  # stops a local instance; only disconnects from a cluster
             ray.shutdown()
         if main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -189,13 +189,14 @@ def _threads(cpus: float) -> None:
     torch.set_num_threads(max(1, int(cpus)))
 
 
-def task_calibration(job: Any, cpus: float) -> dict[str, Any]:
+def task_calibration(job: Any, cpus: float, driver: tuple[int, int | None] | None = None) -> dict[str, Any]:
     """A grid calibration as a Ray task: its result (the driver writes the file)."""
     from fedhv.config import load_config
     from fedhv.experiment.methods import resolve_reference
     from fedhv.experiment.setup import federated_data
 
     _threads(cpus)
+    watch_driver(driver)
     cfg = load_config(job.source, job.overrides)
     _, _, result = resolve_reference(cfg, federated_data(cfg))
     assert result is not None
@@ -223,14 +224,35 @@ def _wait_unlocked(path: Path) -> None:
         os.close(fd)
 
 
+def watch_driver(driver: tuple[int, int | None] | None) -> None:
+    """A local Ray instance's task stops (``KeyboardInterrupt``: the run checkpoints) once the driver
+    that started the instance is gone: the instance's raylet and GCS die with their driver, but a
+    task already running would otherwise finish its run alone. ``driver``: ``(pid, start ticks)``
+    on this machine, or ``None`` (a cluster: Ray ends a dead driver's tasks itself)."""
+    if driver is None:
+        return
+    import _thread
+    import threading
+
+    from fedhv.flower.lifetime import alive
+
+    def watch() -> None:
+        while alive(*driver):
+            time.sleep(0.5)
+        _thread.interrupt_main()
+
+    threading.Thread(target=watch, name="fedhv-driver-watch", daemon=True).start()
+
+
 def task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str, storage: str, cpus: float,
-             collector: Any) -> dict[str, Any]:
+             collector: Any, driver: tuple[int, int | None] | None = None) -> dict[str, Any]:
     """A grid run as a Ray task: resumed when a copy of it exists, shipped back unless the
     driver's folder is shared. Returns the run's summary plus ``"storage"``."""
     from fedhv.experiment.calibration import CalibrationResult
     from fedhv.experiment.grid import run_job
 
     _threads(cpus)
+    watch_driver(driver)
     mode = _storage(root, token, storage)
     rel = os.path.relpath(job.run_dir, root)
     cal = None if calibration is None else CalibrationResult.from_dict(calibration, source=job.calibration or "")
