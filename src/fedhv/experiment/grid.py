@@ -44,11 +44,17 @@ from typing import Any
 
 from fedhv.config import load_config, preset_names, to_dict
 from fedhv.config.flower import refuse_in_simulator
-from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
-from fedhv.errors import ConfigError, FedHVError
+from fedhv.errors import ConfigError
+from fedhv.experiment.grid_check import (  # noqa: F401 - re-exported
+    IGNORED_KEYS,
+    GridError,
+    check_existing_runs,
+    config_differences,
+    job_state,
+)
 from fedhv.experiment.grid_worker import JobCancelled, guarded, init_worker, spawning_workers, stop_workers
-from fedhv.results.rundir import open_nofollow, read_bytes_nofollow, write_json
+from fedhv.results.rundir import open_nofollow, write_json
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
 ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
@@ -57,19 +63,6 @@ ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "local-steps": ("train.local_steps", (1, 5, 10, 20)),
 }
 PAPER_SEEDS: tuple[int, ...] = (0, 42, 2026)
-#: Config keys (or key prefixes ending in ".") ignored when an existing run is compared
-#: with the grid's job: they say where and how a run executes, not what it computes (the
-#: same algorithm, data and random streams; results differ at most by floating-point
-#: round-off). Where the data is read from and whether it may be downloaded (the files are
-#: checksum-verified, so it is the same data wherever it lives), the device (a run may be
-#: resumed on another one), torch threads (the grid's ``--threads`` is not recorded
-#: either), the batched engine's memory cap and checkpoint placement (resume is exact
-#: whatever the period).
-IGNORED_KEYS: tuple[str, ...] = ("data.root", "data.download", "device", "threads", "engine_chunk", "checkpoint.")
-
-
-class GridError(FedHVError):
-    """A grid that cannot run as asked (e.g. its folder holds runs of another configuration)."""
 
 
 @dataclass(frozen=True)
@@ -188,91 +181,6 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
     return jobs, list(calibrations.values())
 
 
-def job_state(job: Job) -> str:
-    """``done``, ``partial`` (resume) or ``new``."""
-    path = Path(job.run_dir)
-    if (path / "summary.json").exists():
-        return "done"
-    if (path / "config.toml").exists():
-        return "partial"
-    return "new"
-
-
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> ``{"a.b": value}``."""
-    if not isinstance(data, dict):
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        out.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return out
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IGNORED_KEYS)
-
-
-def config_differences(job: Job) -> dict[str, tuple[Any, Any]]:
-    """Keys whose value in the run directory's ``config.toml`` differs from the job's.
-
-    Both sides are resolved configurations (``to_dict``); keys in :data:`IGNORED_KEYS` are
-    left out. Returns ``{key: (value in the run, value in the job)}``, ``None`` for unset;
-    an unreadable ``config.toml`` is reported under the key ``"config.toml"``.
-    """
-    wanted = _flatten(to_dict(load_config(job.source, job.overrides)))
-    try:
-        found = _flatten(to_dict(config_from_toml_text(read_bytes_nofollow(Path(job.run_dir) / "config.toml").decode())))
-    except (OSError, FedHVError) as exc:
-        return {"config.toml": (f"unreadable ({exc})", "a valid run configuration")}
-    keys = sorted((set(wanted) | set(found)) - {k for k in set(wanted) | set(found) if _ignored(k)})
-    return {k: (found.get(k), wanted.get(k)) for k in keys if found.get(k) != wanted.get(k)}
-
-
-def _show(value: Any) -> str:
-    return "unset" if value is None else json.dumps(value)
-
-
-def check_existing_runs(jobs: Sequence[Job], out: Path) -> None:
-    """Refuse a grid whose folder holds finished or partial runs of another configuration.
-
-    A run directory counts as the job's (skipped when finished, resumed when partial)
-    only if its ``config.toml`` matches the job's resolved configuration (see
-    :func:`config_differences`). Called before anything runs or is written.
-
-    Raises
-    ------
-    GridError
-        Naming the runs, the differing keys with both values, and the fixes.
-    """
-    paths = {p for job in jobs for p in (job.run_dir, job.calibration) if p is not None}
-    for path in sorted(paths):  # a grid received from others: its folders and calibrations must not lead elsewhere
-        folder = Path(path)
-        while folder != out and folder != folder.parent:
-            if folder.is_symlink():
-                raise GridError(f"{folder} is a symbolic link (to {os.readlink(folder)}); fedhv never follows links "
-                                "in a grid: remove it, or choose another --out")
-            folder = folder.parent
-    stale: dict[str, dict[str, tuple[Any, Any]]] = {}
-    for job in jobs:
-        if job_state(job) != "new":
-            diff = config_differences(job)
-            if diff:
-                stale[job.run_dir] = diff
-    if not stale:
-        return
-    keys: dict[str, tuple[Any, Any]] = {}
-    for diff in stale.values():
-        for key, values in diff.items():
-            keys.setdefault(key, values)
-    shown = ", ".join(list(stale)[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
-    what = "; ".join(f"{k} = {_show(there)} in the run, {_show(here)} in this grid"
-                     for k, (there, here) in keys.items())
-    raise GridError(
-        f"--out {out}: {len(stale)} existing run(s) were made with another configuration ({shown}: {what}); "
-        "rerun the grid with the arguments they were made with, choose another --out, or delete those runs"
-    )
-
-
 def _rounds_done(job: Job, finished: set[str]) -> int:
     """Rounds written by ``job`` so far (finished jobs are remembered in ``finished``)."""
     path = Path(job.run_dir)
@@ -373,6 +281,22 @@ def _terminate(signum: int, frame: Any) -> None:
     raise GridTerminated(f"terminated by signal {signum} (SIGTERM)")
 
 
+def prepare_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path
+                 ) -> tuple[GridReport, list[CalibrationJob], list[Job], int]:
+    """What every back-end does first: refuse runs of another configuration, write ``grid.json``;
+    the report with the finished runs skipped, the calibrations and jobs to do, and the rounds
+    of the whole grid (the progress bar's total)."""
+    check_existing_runs(jobs, out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = GridReport()
+    todo_cal = [c for c in calibrations if not Path(c.path).exists()]
+    report.skipped = [j.run_dir for j in jobs if job_state(j) == "done"]
+    todo = [j for j in jobs if job_state(j) != "done"]
+    write_json(out / "grid.json", {"jobs": [dataclasses.asdict(j) for j in jobs],
+                                   "calibrations": [dataclasses.asdict(c) for c in calibrations]})
+    return report, todo_cal, todo, sum(j.rounds for j in jobs) + sum(c.rounds for c in todo_cal)
+
+
 def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, workers: int = 1,
              threads: int | None = None, progress: bool = True) -> GridReport:
     """Run the calibrations, then the jobs, in ``workers`` processes.
@@ -392,16 +316,8 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     start = time.perf_counter()
-    check_existing_runs(jobs, out)
-    out.mkdir(parents=True, exist_ok=True)
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    report = GridReport()
-    todo_cal = [c for c in calibrations if not Path(c.path).exists()]
-    report.skipped = [j.run_dir for j in jobs if job_state(j) == "done"]
-    todo = [j for j in jobs if job_state(j) != "done"]
-    write_json(out / "grid.json", {"jobs": [dataclasses.asdict(j) for j in jobs],
-                                   "calibrations": [dataclasses.asdict(c) for c in calibrations]})
-    total = sum(j.rounds for j in jobs) + sum(c.rounds for c in todo_cal)
+    report, todo_cal, todo, total = prepare_grid(jobs, calibrations, out)
     bar = tqdm(total=total, desc="grid", disable=not progress, dynamic_ncols=True, unit="round")
     cal_done = 0
     finished: set[str] = set()

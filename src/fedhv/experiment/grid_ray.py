@@ -29,7 +29,6 @@ with this machine's cores (or ``--num-cpus``) and stops it at the end; with ``--
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -49,8 +48,7 @@ from fedhv.experiment.grid import (
     _rounds_done,
     _summary_line,
     _terminate,
-    check_existing_runs,
-    job_state,
+    prepare_grid,
 )
 from fedhv.experiment.grid_ship import PROBE, Collector, summary_of, task_calibration, task_job, write_probe
 from fedhv.results.runfiles import write_json
@@ -130,17 +128,9 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
     ray = _ray()
     start = time.perf_counter()
     out = out.resolve()
-    check_existing_runs(jobs, out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = GridReport()
-    todo_cal = [c for c in calibrations if not Path(c.path).exists()]
-    report.skipped = [j.run_dir for j in jobs if job_state(j) == "done"]
-    todo = [j for j in jobs if job_state(j) != "done"]
-    write_json(out / "grid.json", {"jobs": [dataclasses.asdict(j) for j in jobs],
-                                   "calibrations": [dataclasses.asdict(c) for c in calibrations]})
+    report, todo_cal, todo, total = prepare_grid(jobs, calibrations, out)
     token = uuid.uuid4().hex
     write_probe(out, token)
-    total = sum(j.rounds for j in jobs) + sum(c.rounds for c in todo_cal)
     bar = tqdm(total=total, desc="grid (ray)", disable=not progress, dynamic_ncols=True, unit="round")
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None

@@ -58,6 +58,10 @@ class CalibrationLines:
         return latest
 
 
+#: Seconds the launcher keeps asking a SuperLink that does not answer before it gives up.
+UNANSWERED_S = 10.0
+
+
 def follow_run(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
                progress: Callable[[int, int], None] | None, server_log: Path | None = None,
                calibration: Callable[[int, int], None] | None = None) -> None:
@@ -65,6 +69,7 @@ def follow_run(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
     rounds from the ServerApp's log); raise unless it completed with a summary (naming the
     ServerApp's last logged error and its log file)."""
     done, status, last_poll = -1, "", 0.0
+    unanswered: float | None = None  # when the SuperLink first failed to answer a status query
     cal = CalibrationLines(server_log if calibration is not None else None)
     while True:
         dep.check_alive()
@@ -78,7 +83,18 @@ def follow_run(dep: Deployment, run_id: int, run_dir: Path, rounds: int,
         # once summary.json is written the ServerApp is ending: ask more often
         if time.monotonic() - last_poll > (0.2 if (run_dir / "summary.json").is_file() else 1.0):
             last_poll = time.monotonic()
-            status = run_status(dep.port, run_id, dep.root_certificates)
+            try:
+                status = run_status(dep.port, run_id, dep.root_certificates)
+                unanswered = None
+            except Exception as exc:  # noqa: BLE001 - flwr's CLI turns transport errors into click errors
+                # The SuperLink died (check_alive names it once its process is reaped) or is busy: ask
+                # again for a while before giving up.
+                unanswered = unanswered or time.monotonic()
+                if time.monotonic() - unanswered > UNANSWERED_S:
+                    dep.check_alive()
+                    raise FlowerRunError(
+                        f"the superlink on 127.0.0.1:{dep.port} did not answer for {UNANSWERED_S:.0f} s "
+                        f"({type(exc).__name__}: {exc}); its log is {dep.workdir / 'superlink.log'}") from None
             if status.startswith("finished"):
                 break
         time.sleep(0.2)
