@@ -31,6 +31,20 @@ SETS = ["partition.samples_per_client=64", "train.batch_size=16", "train.local_s
         "data.max_test_samples=300", "eval.test_period=1", "dtype='float64'"]
 
 
+def assert_equals_fedhv_run(out: Path, tmp_path: Path, clients: int) -> None:
+    """The Flower run in ``out`` (2 rounds, seed 3, ``clients`` nodes, :data:`SETS`) against ``fedhv run``
+    with the sequential engine: clients, reports, weights and the final model, bit for bit."""
+    sim = tmp_path / "sim"
+    run_experiment(load_config("multimnist", [*SETS, f"partition.clients={clients}",
+                                              f"train.clients_per_round={clients}", "rounds=2", "seed=3",
+                                              'engine="sequential"']), sim, progress=False)
+    got, want = rounds_of(out), rounds_of(sim)
+    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 2
+    assert [r["report"] for r in got] == [r["report"] for r in want]
+    assert [r["weights"] for r in got] == [r["weights"] for r in want]
+    assert torch.equal(theta_of(out), theta_of(sim))
+
+
 def test_the_app_declares_exactly_the_options_it_reads() -> None:
     from fedhv.flower.app import DEFAULTS
 
@@ -92,14 +106,7 @@ def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path:
     assert "asking the SuperNodes for their partition count" not in log  # one pass over the nodes
     assert seen and not marked(token)  # the CLI's local SuperLink (and what it started) ran, and is gone
     assert_gone(set(seen))
-    sim = tmp_path / "sim"
-    run_experiment(load_config("multimnist", [*SETS, "partition.clients=3", "train.clients_per_round=3", "rounds=2",
-                                              "seed=3", 'engine="sequential"']), sim, progress=False)
-    got, want = rounds_of(out), rounds_of(sim)
-    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 2
-    assert [r["report"] for r in got] == [r["report"] for r in want]
-    assert [r["weights"] for r in got] == [r["weights"] for r in want]
-    assert torch.equal(theta_of(out), theta_of(sim))
+    assert_equals_fedhv_run(out, tmp_path, clients=3)
 
 
 def _sim_env(tmp_path: Path, token: str) -> dict[str, str]:

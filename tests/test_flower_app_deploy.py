@@ -7,12 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
-from fedhv.config import load_config
-from fedhv.experiment.runner import run_experiment
-from flower_support import needs_flwr, rounds_of, theta_of
-from test_flower_app import ROOT, SETS
+from flower_support import needs_flwr
+from test_flower_app import ROOT, SETS, assert_equals_fedhv_run
 
 
 @needs_flwr
@@ -32,11 +28,4 @@ def test_flwr_run_of_the_app_against_stock_supernodes_with_tls_and_node_auth(tmp
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "fedhv: round 2/2" in log, log[-3000:]
     assert "asking the SuperNodes for their partition count" in log  # clients=0: discovered
-    sim = tmp_path / "sim"
-    run_experiment(load_config("multimnist", [*SETS, "partition.clients=2", "train.clients_per_round=2", "rounds=2",
-                                              "seed=3", 'engine="sequential"']), sim, progress=False)
-    got, want = rounds_of(out), rounds_of(sim)
-    assert [r["clients"] for r in got] == [r["clients"] for r in want] and len(got) == 2
-    assert [r["report"] for r in got] == [r["report"] for r in want]
-    assert [r["weights"] for r in got] == [r["weights"] for r in want]
-    assert torch.equal(theta_of(out), theta_of(sim))
+    assert_equals_fedhv_run(out, tmp_path, clients=2)

@@ -33,6 +33,7 @@ ray = pytest.importorskip("ray", reason="the Ray grid needs ray: pip install -e 
 
 from fedhv.experiment.grid_ship import Collector, ShipError, pack_dir, write_members
 from fedhv.flower.lifetime import alive, descendants
+from test_issue28_lifetime import _cmdline
 
 from helpers import from_a_shell, signal_state
 
@@ -266,10 +267,3 @@ def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_com
     res = _fedhv(*args, env=env)
     assert res.returncode == 0 and "2 run(s) finished" in res.stdout, res.stderr[-3000:]
     assert [json.loads(x)["round"] for x in (s0 / "resumes.jsonl").read_text().splitlines()] == [1]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""

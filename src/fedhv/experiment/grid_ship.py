@@ -141,15 +141,8 @@ class Collector:
         path.mkdir(parents=True, exist_ok=True)
         fd = open_nofollow(path / ".lock", os.O_RDWR | os.O_CREAT)
         try:
-            deadline = time.monotonic() + 30.0
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise ShipError(f"{path} is locked by a run writing in place; not overwritten") from None
-                    time.sleep(0.2)
+            if not _lock_within(fd, 30.0):
+                raise ShipError(f"{path} is locked by a run writing in place; not overwritten")
             write_members(blob, path)
         finally:
             os.close(fd)
@@ -208,20 +201,25 @@ def _wait_unlocked(path: Path) -> None:
     lock = path / ".lock"
     if not lock.exists():
         return
-    deadline = time.monotonic() + LOCK_WAIT_S
     fd = open_nofollow(lock, os.O_RDWR)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return  # the run reports RunDirBusy itself, naming the holder
-                time.sleep(0.5)
+        if _lock_within(fd, LOCK_WAIT_S):  # else the run reports RunDirBusy itself, naming the holder
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Take ``flock(LOCK_EX)`` on ``fd``, trying for ``seconds``; whether it was taken."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
 
 
 def watch_driver(driver: tuple[int, int | None] | None) -> None:
