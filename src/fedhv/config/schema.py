@@ -282,6 +282,29 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class DiagnosticsConfig:
+    """The paper's theory quantities and per-client fairness at test evaluations
+    (:mod:`fedhv.diagnostics`; simulator only: they read every client's data).
+
+    Attributes
+    ----------
+    enabled : bool
+        Compute them (off by default: their cost is stated in ``docs/diagnostics.md``).
+    probe_samples : int
+        Size ``P`` of the fixed probe on which the per-task full-batch gradients are taken.
+    probe_seed : int
+        Seed of the probe draw.
+    period : int
+        Every ``period``-th test evaluation (1 = every one).
+    """
+
+    enabled: bool = False
+    probe_samples: int = 1024
+    probe_seed: int = 0
+    period: int = 1
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A complete run.
 
@@ -314,6 +337,7 @@ class RunConfig:
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     flower: FlowerConfig = field(default_factory=FlowerConfig)  # [flower]: fedhv.config.flower
     #: Who started the run when not ``fedhv run`` / ``grid`` (``"fedhv.simulate"``: a Python

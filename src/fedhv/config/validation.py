@@ -217,6 +217,12 @@ def validate(cfg: RunConfig) -> None:
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"faults.{name} = {value} must be a probability in [0, 1) (0 = no faults)")
     _validation(cfg.validation)
+    dg = cfg.diagnostics
+    if dg.probe_samples < 1:
+        raise ConfigError(f"diagnostics.probe_samples = {dg.probe_samples} must be >= 1, e.g. 1024")
+    if dg.period < 1:
+        raise ConfigError(f"diagnostics.period = {dg.period} must be >= 1 (1 = at every test evaluation)")
+    _seed("diagnostics.probe_seed", dg.probe_seed)
     check_flower(cfg)
     if cfg.checkpoint.period < 0:
         raise ConfigError(

@@ -44,6 +44,10 @@ class MethodSetup:
     reference: list[float] | None = None
     reference_source: str | None = None
     calibration: CalibrationResult | None = None
+    #: The reference the diagnostics measure slacks against (``[diagnostics]``): FedHV's own, or for
+    #: another method the one a FedHV run of the same setting would use, with its calibration.
+    diagnostics_reference: list[float] | None = None
+    diagnostics_calibration: CalibrationResult | None = None
 
 
 def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray:
@@ -157,6 +161,27 @@ def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | No
              calibration: CalibrationResult | None = None,
              federation_factory: FederationFactory | None = None) -> MethodSetup:
     return MethodSetup(api.FedCMOO(cfg.lr_global, cfg.fedcmoo).build(None, _slices(cfg, data), cfg.seed))
+
+
+def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: MethodSetup,
+                              progress: ProgressFactory | None = None,
+                              calibration: CalibrationResult | None = None) -> None:
+    """Set ``setup.diagnostics_reference``: the method's FedHV reference, or -- for a method
+    without one -- the reference a FedHV run of this setting would resolve (``fedhv.reference``;
+    a calibration runs with FedHV's learning rates ``[lr.fedhv]`` when the setting has them, so a
+    Uniform and a FedHV run of one setting measure their slacks against the same ``r``). A given
+    ``calibration`` (a resumed run's ``calibration.json``) is reused."""
+    if setup.reference is not None:
+        setup.diagnostics_reference = list(setup.reference)
+        return
+    fedhv_cfg = cfg
+    rates = cfg.lr.get("fedhv")
+    if rates is not None:
+        fedhv_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_global=rates.global_,
+                                                                       lr_local=rates.local))
+    ref, _, cal = resolve_reference(fedhv_cfg, data, progress, calibration)
+    setup.diagnostics_reference = ref.tolist()
+    setup.diagnostics_calibration = cal
 
 
 #: The method registry (kept under its former name for existing callers).

@@ -20,6 +20,7 @@ from fedhv.config.flower import refuse_in_simulator
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
+from fedhv.diagnostics import Diagnostics
 from fedhv.errors import ConfigError
 from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.calibration import CalibrationResult, load_calibration
@@ -37,7 +38,7 @@ from fedhv.experiment.checkpoint import (
 )
 from fedhv.experiment.environment import environment, kernel_fingerprint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
-from fedhv.experiment.methods import MethodSetup, build_method
+from fedhv.experiment.methods import MethodSetup, add_diagnostics_reference, build_method
 from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-exported
     evaluate,
     evaluation_entry,
@@ -168,11 +169,18 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
     """
     if federation_factory is None:
         refuse_in_simulator(cfg, None if resume is None else str(resume))
+    elif cfg.diagnostics.enabled:
+        raise ConfigError("diagnostics.enabled = true needs every client's data on the server (per-client "
+                          "fairness, the full-population objective, probe gradients): it runs in the simulator "
+                          "(fedhv run, grid, fedhv.simulate); set diagnostics.enabled = false for Flower")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = federated_data(cfg)
     bars = hooks.progress if hooks is not None and hooks.progress is not None else _bar_factory(progress)
-    return data, build_method(cfg, data, bars, calibration, federation_factory)
+    setup = build_method(cfg, data, bars, calibration, federation_factory)
+    if cfg.diagnostics.enabled:
+        add_diagnostics_reference(cfg, data, setup, bars, calibration)
+    return data, setup
 
 
 def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progress: bool = True,
@@ -215,8 +223,9 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
             # a federation factory may say what its clients serve (Flower: each node's data)
             run.write_json("environment.json", environment(data.provenance,
                                                            getattr(federation_factory, "provenance", None)))
-            if setup.calibration is not None:
-                run.write_json("calibration.json", setup.calibration.as_dict())
+            calibration_done = setup.calibration or setup.diagnostics_calibration
+            if calibration_done is not None:
+                run.write_json("calibration.json", calibration_done.as_dict())
         except BaseException:
             for name in ("calibration.json", "environment.json", "config.toml"):
                 with contextlib.suppress(OSError):
@@ -326,6 +335,24 @@ def chunk_record(cfg: RunConfig, engine: object) -> dict[str, Any]:
     return {"auto": False, "chunk": 1}
 
 
+def _diagnostics(cfg: RunConfig, data: FederatedData, setup: MethodSetup, path: Path, ckpt: Checkpoint | None,
+                 evaluator: torch.nn.Module, engine: Any, theta: torch.Tensor) -> Diagnostics | None:
+    """The run's :class:`~fedhv.diagnostics.Diagnostics` (``None`` unless ``diagnostics.enabled``),
+    restored from the kept ``metrics.jsonl`` entries when resuming from ``ckpt``."""
+    if not cfg.diagnostics.enabled:
+        return None
+    assert setup.diagnostics_reference is not None
+    diagnostics = Diagnostics(cfg.diagnostics, data, setup.diagnostics_reference, cfg.fedhv.rho_clip,
+                              cfg.eval.batch_size)
+    if ckpt is not None:
+        from fedhv.results.collect import read_records
+
+        set_flat(evaluator, theta)
+        copy_buffers(evaluator, engine.model)
+        diagnostics.restore(read_records(path / "metrics.jsonl"), ckpt.round, evaluator)
+    return diagnostics
+
+
 def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup, ckpt: Checkpoint | None,
            start: float, progress: bool, federation_factory: FederationFactory | None = None,
            resumed: dict[str, Any] | None = None, hooks: RunHooks | None = None) -> dict[str, Any]:
@@ -363,6 +390,7 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             done, elapsed = ckpt.round, ckpt.elapsed_s
             restore_global_rng(ckpt.rng)
             restore_buffers(engine, ckpt.buffers, run.path)
+        diagnostics = _diagnostics(cfg, data, setup, run.path, ckpt, evaluator, engine, theta)
         bar = tqdm(total=cfg.rounds, initial=done, desc=f"{cfg.setting} {cfg.method} s{cfg.seed}",
                    disable=not progress, dynamic_ncols=True, mininterval=1.0)
         loop_start = time.perf_counter() - elapsed
@@ -385,10 +413,14 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         def record_round(rec: RoundRecord, theta_new: torch.Tensor, state_new: Any) -> None:
             totals.add_round(rec)
             record = rec.as_dict()
+            if diagnostics is not None and (after := diagnostics.after_round(rec.round, rec.log)) is not None:
+                record["diagnostics"] = after
             record["wall_clock_s"] = time.perf_counter() - loop_start
             if eval_due(rec.round, cfg):
                 copy_buffers(evaluator, engine.model)
                 entry = evaluation_entry(cfg, evaluator, theta_new, data, rec, totals, loop_start)
+                if diagnostics is not None and (diag := diagnostics.evaluate(rec.round, evaluator)) is not None:
+                    entry["diagnostics"] = diag
                 record["time_eval_s"] = entry["time_eval_s"]
                 run.metrics.append(entry)
                 last_eval.clear()
@@ -439,6 +471,9 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         write_model(run.path / "model.pt", evaluator, rounds_done)
         summary = summarize(cfg, setup, data.task_names, last_eval, totals, loop_seconds, time.perf_counter() - start,
                             describe_metrics(data.task_names, data.objective), rounds_done)
+        if diagnostics is not None:
+            summary["diagnostics"] = {"reference": setup.diagnostics_reference, "seconds": diagnostics.seconds,
+                                      "probe_samples": cfg.diagnostics.probe_samples}
         if federation_factory is None:  # the engine that ran (a model vmap cannot run falls back to sequential)
             summary["engine"] = "batched" if hasattr(engine, "chunk") else "sequential"
         else:  # another back-end's clients computed (Flower nodes run the sequential engine)
