@@ -107,7 +107,7 @@ def test_table10_ablation_rows_and_paper_values(grid_dir: Path) -> None:
 def test_renderers_and_cli_tables(grid_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs, _ = find_runs(grid_dir)
     tables = build_tables(runs, paper=True)
-    assert [t.key for t in tables] == ["1", "8", "9", "11", "7", "10", "13"]
+    assert [t.key for t in tables] == ["1", "8", "9", "11", "7", "10", "12", "13"]
     md, tex, csv_text = to_markdown(tables[0]), to_latex(tables[0]), to_csv(tables[0])
     # The expected Table 1 rows, computed from the runs' summaries: mean ± sample std over the
     # seeds, per metric the higher mean bold and the other underlined; the paper's row and
@@ -138,7 +138,7 @@ def test_renderers_and_cli_tables(grid_dir: Path, capsys: pytest.CaptureFixture[
     assert main(["table", str(grid_dir), "--table", "1,11", "--paper"]) == 0
     out = capsys.readouterr().out
     assert "Table 1" in out and "Table 11" in out and "90.72 ± 0.65" in out
-    assert main(["table", str(grid_dir), "--table", "12"]) == 2
+    assert main(["table", str(grid_dir), "--table", "14"]) == 2
 
 
 def test_tables_and_plots_never_import_torch(grid_dir: Path, tmp_path: Path) -> None:
@@ -153,12 +153,12 @@ def test_tables_and_plots_never_import_torch(grid_dir: Path, tmp_path: Path) -> 
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     pngs = sorted(p.name for p in (tmp_path / "fig").glob("*.png"))
-    assert pngs == ["ablation-multimnist-local_steps.png", "curves-multimnist.png", "tasks-multimnist.png",
+    assert pngs == ["ablation-multimnist-local_steps.png", "bars-multimnist.png", "curves-multimnist.png", "tasks-multimnist.png",
                     "wallclock-multimnist.png", "weights-multimnist.png"]
     for name in pngs:
         data = (tmp_path / "fig" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    assert len(list((tmp_path / "fig").glob("*.pdf"))) == 5
+    assert len(list((tmp_path / "fig").glob("*.pdf"))) == 6
 
 
 def _band_half_widths(band: Any, x: np.ndarray) -> np.ndarray:
@@ -192,7 +192,7 @@ def test_figures_plot_the_runs_data(grid_dir: Path) -> None:
     figures = dict(build_figures(runs))
     try:
         assert list(figures) == ["curves-multimnist", "tasks-multimnist", "weights-multimnist",
-                                 "wallclock-multimnist", "ablation-multimnist-local_steps"]
+                                 "wallclock-multimnist", "bars-multimnist", "ablation-multimnist-local_steps"]
         axes = figures["curves-multimnist"].axes
         for ax, key in zip(axes, ("mean_acc", "worst_acc", "mean_loss", "hv")):
             lines = ax.get_lines()

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_grid_parser(sub)
     table = sub.add_parser("table", help="the paper's tables from run directories (no torch needed)")
     table.add_argument("dir", help="folder searched recursively for finished run directories")
-    table.add_argument("--table", default="all", help="comma-separated table numbers: 1,8,9,11,7,10,13 (default all)")
+    table.add_argument("--table", default="all", help="comma-separated tables: 1,8,9,11,7,10,12,13,fairness,theory (default all)")
     table.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     table.add_argument("--paper", action="store_true", help="add the paper's published values and our difference")
     table.add_argument("--final-eval", action="store_true",
@@ -94,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="folder for the client-K.npz files")
     export.add_argument("--clients", help="comma-separated client ids (default: all)")
     plot = sub.add_parser("plot", help="learning curves, weights and wall-clock figures (no torch needed)")
-    plot.add_argument("dir", help="folder searched recursively for finished run directories")
-    plot.add_argument("--out", help="figure folder (default DIR/figures)")
+    plot.add_argument("dir", nargs="?", help="folder searched recursively for finished run directories")
+    plot.add_argument("--examples", metavar="SETTING", help="instead of run figures: example images of SETTING's "
+                      "benchmark (paper Figure 4; needs its data: --data-dir or $FEDHV_DATA)")
+    plot.add_argument("--data-dir", help="data root for --examples (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
+    plot.add_argument("--out", help="figure folder (default DIR/figures, or ./figures with --examples)")
     plot.add_argument("--formats", default="png,pdf", help="comma-separated file formats (default png,pdf)")
     plot.add_argument("--size", choices=["column", "page"], default="page",
                       help="figure width: one paper column (3.3 in) or the page (6.9 in, default)")
@@ -407,11 +410,20 @@ def _plot(args: argparse.Namespace) -> int:
     from fedhv.results.plots import make_figures, supported_formats
 
     supported = supported_formats()  # PlotDependencyError ("pip install 'fedhv[plot]'") before reading any run
-    out = Path(args.out) if args.out else Path(args.dir) / "figures"
+    if (args.dir is None) == (args.examples is None):
+        raise UsageError("fedhv plot needs a run folder DIR or --examples SETTING (one of them)")
     formats = _csv_list("--formats", args.formats, str)
     bad = [f for f in formats if f not in supported]
     if bad:
         raise UsageError(f"--formats {','.join(bad)}: not a figure format; choose from {', '.join(supported)}")
+    if args.examples is not None:
+        from fedhv.results.examples_fig import make_examples
+
+        overrides = [] if args.data_dir is None else [f"data.root={_quote(args.data_dir)}"]
+        for f in make_examples(args.examples, overrides, Path(args.out or "figures"), formats, args.size):
+            print(f)
+        return 0
+    out = Path(args.out) if args.out else Path(args.dir) / "figures"
     runs = _finished_runs(args.dir)
     try:
         files = make_figures(runs, out, formats, size=args.size)

@@ -7,7 +7,9 @@
 - ``wallclock-<setting>``: cumulative wall-clock time per method, FedHV's calibration
   drawn as its starting offset; for CIFAR10–MNIST-B it is the paper's Figure 20 and is
   named ``fig20-wallclock-cifar10-mnist-b`` (:data:`PAPER_FIGURES`);
-- ``ablation-<setting>-<parameter>``: FedHV MeanAcc curves of an ablation sweep.
+- ``ablation-<setting>-<parameter>``: FedHV MeanAcc curves of an ablation sweep;
+- ``bars-<setting>`` (paper Figure 2), ``diagnostics-<setting>`` and ``fairness-<setting>``:
+  :mod:`fedhv.results.plots_diagnostics`.
 
 A band is drawn where at least two seeds exist; a curve keeps the rounds all its seeds have,
 with markers where it has at most :data:`SPARSE` points. Round axes have integer ticks.
@@ -31,6 +33,7 @@ import numpy as np
 
 from fedhv.errors import FedHVError
 from fedhv.results.collect import Run, group, method_label, ordered_methods, ordered_settings, setting_label
+from fedhv.results.plots_diagnostics import diagnostics_curves, fairness_curves, final_task_bars
 
 COLORS = {"uniform": "#7f7f7f", "fsmgda": "#1f77b4", "fedcmoo": "#2ca02c", "fedhv": "#d62728"}
 #: Colours for other (registered) methods, picked by a stable hash of the name.
@@ -40,7 +43,8 @@ SIZES: dict[str, tuple[float, float]] = {"column": (3.3, 7.0), "page": (6.9, 9.0
 #: A curve with at most this many points is drawn with markers.
 SPARSE = 30
 #: Figures that reproduce a numbered figure of the paper: (kind, setting) -> prefix of the file name.
-PAPER_FIGURES: dict[tuple[str, str], str] = {("wallclock", "cifar10-mnist-b"): "fig20"}
+PAPER_FIGURES: dict[tuple[str, str], str] = {("wallclock", "cifar10-mnist-b"): "fig20", ("bars", "cifar10-mnist-b"): "fig2",
+                                              ("bars", "celeba5-b"): "fig2"}
 METRICS = (("mean_acc", "MeanAcc (%)"), ("worst_acc", "WorstAcc (%)"), ("mean_loss", "MeanLoss"), ("hv", "HV"))
 
 
@@ -303,6 +307,11 @@ def build_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str
         if weights is not None:
             yield _stem("weights", setting), weights
         yield _stem("wallclock", setting), wall_clock(groups, setting, size)
+        yield _stem("bars", setting), final_task_bars(groups, setting, size)
+        for kind, build in (("diagnostics", diagnostics_curves), ("fairness", fairness_curves)):
+            fig = build(groups, setting, size)
+            if fig is not None:
+                yield _stem(kind, setting), fig
     yield from ablation_curves(runs, size)
 
 

@@ -1,4 +1,5 @@
-"""The paper's result tables from run directories (Tables 1, 7, 8, 9, 10, 11, 13).
+"""The paper's result tables from run directories (Tables 1, 7, 8, 9, 10, 11, 12, 13) and the
+diagnostics tables (``fairness``, ``theory``: :mod:`fedhv.results.tables_extra`).
 
 Every number is computed from the files of finished runs: final metrics (Tables 1, 8, 9,
 10) from the last scheduled test evaluation in ``metrics.jsonl`` as in paper B.5
@@ -28,8 +29,9 @@ from fedhv.results.collect import (
 )
 from fedhv.results.paper_data import paper_stat, paper_value, setting_differences
 from fedhv.results.table_model import Cell, Record, Table, rank
+from fedhv.results.tables_extra import table12, table_fairness, table_theory
 
-TABLES: tuple[str, ...] = ("1", "8", "9", "11", "7", "10", "13")
+TABLES: tuple[str, ...] = ("1", "8", "9", "11", "7", "10", "12", "13", "fairness", "theory")
 #: The methods the paper ranks in Tables 9 and 11 (it has no Uniform column there).
 PAPER_RANKED: tuple[str, ...] = ("fsmgda", "fedcmoo", "fedhv")
 #: Label of the difference row that replaces Δ when the runs' setting is not the paper's.
@@ -245,20 +247,34 @@ def table9(runs: Sequence[Run], paper: bool = False) -> list[Table]:
     return out
 
 
+ABLATION_LABELS = {"report_batches": "B_rep", "clients_per_round": "M", "local_steps": "K"}
+
+
+def _table7_cells(rs: Sequence[Run]) -> list[Cell]:
+    """Reference, min report slack, min stabilised slack, floor activations (count / checks and %), seeds."""
+    slacks = [r.summary["min_report_slack"] for r in rs if r.summary.get("min_report_slack") is not None]
+    active = sum(int(r.summary.get("floor_activations") or 0) for r in rs)
+    checks = sum(int(r.summary.get("floor_checks") or 0) for r in rs)
+    rho = [float(r.config_value("fedhv.rho_clip", 1e-6)) for r in rs]
+    # the weight map uses max(r_i - F_i^t, rho_clip): its smallest value over rounds, tasks and seeds
+    stabilised = [max(s, c) for s, c in zip(slacks, rho)]
+    ref = rs[0].summary.get("reference") or []
+    rate = f" ({100 * active / checks:.2g} %)" if checks and active else ""
+    return [Cell(text="(" + ", ".join(f"{v:.4f}" if v is not None else "–" for v in ref) + ")"),
+            Cell(text=f"{min(slacks):.4f}" if slacks else "–"),
+            Cell(text=f"{min(stabilised):.4g}" if stabilised else "–"),
+            Cell(text=f"{active}/{checks}{rate}"), Cell(text=str(len(rs)))]
+
+
 def table7(runs: Sequence[Run], paper: bool = False) -> Table:
-    """FedHV reference diagnostics: minimum report slack and floor activations over all seeds."""
+    """FedHV reference diagnostics: minimum report slack, minimum stabilised slack and floor activations
+    over all seeds, for the standard runs and (paper C.7) each FedHV ablation variant."""
     groups = group(runs)
     table = Table("7", "Table 7: FedHV reference diagnostics over all adaptive rounds and seeds", ["Setting"],
-                  ["reference r", "min report slack", "floor activations", "seeds"])
+                  ["reference r", "min report slack", "min stabilised slack", "floor activations", "seeds"])
     for setting in ordered_settings({s for s, _, m in groups if m == "fedhv"}):
         rs = groups[(setting, None, "fedhv")]
-        slacks = [r.summary["min_report_slack"] for r in rs if r.summary.get("min_report_slack") is not None]
-        active = sum(int(r.summary.get("floor_activations") or 0) for r in rs)
-        checks = sum(int(r.summary.get("floor_checks") or 0) for r in rs)
-        ref = rs[0].summary.get("reference") or []
-        cells = [Cell(text="(" + ", ".join(f"{v:.4f}" if v is not None else "–" for v in ref) + ")"),
-                 Cell(text=f"{min(slacks):.4f}" if slacks else "–"),
-                 Cell(text=f"{active}/{checks}"), Cell(text=str(len(rs)))]
+        cells = _table7_cells(rs)
         ref_p = paper_value("table6", setting)
         slack_p = paper_value("table7", setting, "min_report_slack")
         floor_p = str(paper_value("table7", setting, "floor_activations") or "")
@@ -268,9 +284,23 @@ def table7(runs: Sequence[Run], paper: bool = False) -> Table:
             _paper_check(table, rs, setting, paper)
             table.add(["paper (Tables 6, 7)"],
                       [Cell(text="(" + ", ".join(f"{v:.4f}" for v in ref_p) + ")" if ref_p else "–"),
-                       Cell(text=f"{slack_p:.4f}" if slack_p is not None else "–"), Cell(text=floor_p or "–"),
-                       Cell(text="3")])
-    table.notes.append("Minimum report slack: min over rounds, tasks and seeds of r_i − F_i^t (server-averaged report).")
+                       Cell(text=f"{slack_p:.4f}" if slack_p is not None else "–"), Cell(text="–"),
+                       Cell(text=floor_p or "–"), Cell(text="3")])
+    variants = group(runs, with_variants=True)
+    for setting, variant, _ in sorted((k for k in variants if k[2] == "fedhv"),
+                                      key=lambda k: (ordered_settings([k[0]]), str(k[1][0]), str(k[1][1]))):
+        rs = variants[(setting, variant, "fedhv")]
+        name = f"{ABLATION_LABELS.get(variant[0].split('.')[-1], variant[0].split('.')[-1])} = {variant[1]}"
+        cells = _table7_cells(rs)
+        table.add([f"{setting_label(setting)}, {name}"], cells)
+        where = f"{setting}/{variant[0].split('.')[-1]}={variant[1]}"
+        _table7_records(table, where, rs, None, None, "")
+        if paper and setting == "cifar10-mnist-b" and variant == ("train.local_steps", 1):
+            table.add(["paper C.7 (K = 1)"], [Cell(text="–"), Cell(text="–"), Cell(text="1e-06"),
+                                              Cell(text="≈ 0.2 %"), Cell(text="3")])
+    table.notes.append("Minimum report slack: min over rounds, tasks and seeds of r_i − F_i^t (server-averaged report); "
+                       "minimum stabilised slack: min of max(r_i − F_i^t, ρ_clip), the slack the weight map uses "
+                       "(paper C.7). Rows 'setting, X = v' are FedHV ablation variants (fedhv grid --ablation).")
     return table
 
 
@@ -286,14 +316,15 @@ def _table7_records(table: Table, setting: str, rs: Sequence[Run], ref_p: Any, s
     table.records.append(Record(setting, "fedhv", "min_report_slack",
                                 Stat(min(slacks), None, len(slacks)) if slacks else None,
                                 None if slack_p is None else Stat(float(slack_p), None, 3)))
+    stabilised = [max(float(r.summary["min_report_slack"]), float(r.config_value("fedhv.rho_clip", 1e-6)))
+                  for r in rs if r.summary.get("min_report_slack") is not None]
+    table.records.append(Record(setting, "fedhv", "min_stabilised_slack",
+                                Stat(min(stabilised), None, len(stabilised)) if stabilised else None))
     count, _, total = floor_p.partition("/")
     for name, key, their in (("floor_activations", "floor_activations", count), ("floor_checks", "floor_checks", total)):
         ours = Stat(float(sum(int(r.summary.get(key) or 0) for r in rs)), None, len(rs))
         table.records.append(Record(setting, "fedhv", name, ours,
                                     Stat(float(their), None, 3) if their.strip().isdigit() else None))
-
-
-ABLATION_LABELS = {"report_batches": "B_rep", "clients_per_round": "M", "local_steps": "K"}
 
 
 def table10(runs: Sequence[Run], paper: bool = False) -> Table:
@@ -407,6 +438,7 @@ def build_tables(runs: Sequence[Run], which: Sequence[str] = TABLES, paper: bool
     """The requested tables that have data."""
     builders: dict[str, Callable[[Sequence[Run], bool], Any]] = {
         "1": table1, "8": table8, "9": table9, "11": table11, "7": table7, "10": table10, "13": table13,
+        "12": table12, "fairness": table_fairness, "theory": table_theory,
     }
     out: list[Table] = []
     for key in which:
