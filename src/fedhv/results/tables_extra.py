@@ -103,6 +103,12 @@ def _runs_with_diagnostics(runs: Sequence[Run]) -> dict[tuple[str, Any, str], li
             if any(_diag_entry(r) is not None for r in v)}
 
 
+def _client_value(run: Run, i: int, key: str) -> float | None:
+    """``key`` of task ``i``'s per-client score summary at the run's reported evaluation."""
+    scores = ((_diag_entry(run) or {}).get("clients") or {}).get("score") or []
+    return scores[i].get(key) if i < len(scores) else None
+
+
 def table_fairness(runs: Sequence[Run], paper: bool = False) -> list[Table]:
     """Per-client fairness per setting: rows methods, columns per task (worst, p10, std, Jain)."""
     groups = _runs_with_diagnostics(runs)
@@ -116,16 +122,9 @@ def table_fairness(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                       ["Method"], [f"{tasks[i]} {label}" for i, _, label in cols], slug=setting)
         for m in methods:
             rs = groups[(setting, None, m)]
-
-            def get(i: int, key: str) -> Callable[[Run], float | None]:
-                def value(r: Run) -> float | None:
-                    scores = ((_diag_entry(r) or {}).get("clients") or {}).get("score") or []
-                    return scores[i].get(key) if i < len(scores) else None
-                return value
-
             cells = []
             for i, key, _ in cols:
-                stat = Stat.of(get(i, key)(r) for r in rs)
+                stat = Stat.of(_client_value(r, i, key) for r in rs)
                 cells.append(Cell(stat, digits=3 if key == "jain" else 2))
                 table.records.append(Record(setting, m, f"client_{key}[{tasks[i]}]", stat))
             table.add([method_label(m)], cells)
