@@ -7,6 +7,8 @@ that drifts from the paper, or a learning rate resolved for the wrong method, fa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fedhv.config import load_config, preset_names
@@ -65,8 +67,13 @@ TABLE6 = {
 }
 
 
-def test_the_presets_are_the_papers_six_settings() -> None:
-    assert sorted(preset_names()) == sorted(TABLE3)
+def test_the_presets_are_the_papers_six_settings_and_the_cross_device_one() -> None:
+    assert sorted(preset_names()) == sorted([*TABLE3, "multimnist-xd"])
+    xd, paper = load_config("multimnist-xd"), load_config("multimnist")
+    # the cross-device preset changes only the population, participation, sizes and evaluation period
+    assert (xd.partition.clients, xd.train.clients_per_round, xd.partition.sizes) == (10000, 100, "lognormal")
+    assert (xd.train, xd.lr, xd.partition.alpha) == (
+        dataclasses.replace(paper.train, clients_per_round=100), paper.lr, paper.partition.alpha)
 
 
 @pytest.mark.parametrize("setting", sorted(TABLE3))

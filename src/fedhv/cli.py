@@ -130,8 +130,11 @@ def _preset_line(name: str) -> str:
 
     d = load_setting(name)
     part, train, ev = d.get("partition", {}), d.get("train", {}), d.get("eval", {})
+    sizes = (f"N = {part.get('clients')} x {part.get('samples_per_client')} samples"
+             if part.get("sizes", "equal") == "equal" else
+             f"N = {part.get('clients')}, {part.get('sizes')} sizes (mean {part.get('samples_per_client')})")
     return (f"{name:<16} {d.get('data', {}).get('benchmark')}, alpha = {part.get('alpha')} {part.get('strata')}, "
-            f"N = {part.get('clients')} x {part.get('samples_per_client')} samples, "
+            f"{sizes}, "
             f"M = {train.get('clients_per_round')} per round, {d.get('rounds')} rounds, batch "
             f"{train.get('batch_size')}, K = {train.get('local_steps')}, test every {ev.get('test_period')} rounds")
 

@@ -16,6 +16,8 @@ METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
 #: Method names accepted as keys of the ``[lr]`` table (the paper's four methods).
 LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 AGGREGATIONS: tuple[str, ...] = ("mean", "samples")
+#: ``partition.sizes``: every client the same size, or log-normal sizes (cross-device).
+SIZES: tuple[str, ...] = ("equal", "lognormal")
 #: ``train.optimizer`` values (the keys of :data:`fedhv.sim.local_opt.OPTIMIZERS`).
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "radam")
 ENGINES: tuple[str, ...] = ("batched", "sequential")
@@ -84,6 +86,12 @@ class PartitionConfig:
     alpha: float = 0.15
     strata: str = "all-label"
     seed: int = 10
+    #: ``"equal"`` (the paper: every client holds ``samples_per_client``) or ``"lognormal"``: client
+    #: ``k`` holds ``clip(round(S exp(size_sigma z_k - size_sigma^2 / 2)), min_samples, n)`` samples,
+    #: ``S = samples_per_client`` their mean before clipping (:func:`fedhv.data.partition.client_sizes`).
+    sizes: str = "equal"
+    size_sigma: float = 1.0
+    min_samples: int = 1
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from fedhv.config.schema import (
     ENGINES,
     OPTIMIZER_NAMES,
     PRECISIONS,
+    SIZES,
     STRATA,
     RunConfig,
     ValidationConfig,
@@ -71,6 +72,12 @@ def validate_partition_keys(cfg: RunConfig) -> None:
         raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
     if p.samples_per_client < 1:
         raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+    _choice("partition.sizes", p.sizes, SIZES)
+    if not p.size_sigma >= 0:
+        raise ConfigError(f"partition.size_sigma = {p.size_sigma} must be >= 0 (0 = every size equals "
+                          "samples_per_client), e.g. 1.0")
+    if p.min_samples < 1:
+        raise ConfigError(f"partition.min_samples = {p.min_samples} must be >= 1")
 
 
 def validate(cfg: RunConfig) -> None:
@@ -120,7 +127,7 @@ def validate(cfg: RunConfig) -> None:
         )
     if t.batch_size < 1:
         raise ConfigError(f"train.batch_size = {t.batch_size} must be >= 1")
-    if t.batch_size > p.samples_per_client:
+    if t.batch_size > p.samples_per_client and p.sizes == "equal":  # unequal sizes: the small-client rule
         raise ConfigError(
             f"train.batch_size = {t.batch_size} exceeds partition.samples_per_client = "
             f"{p.samples_per_client}; batches drop the last partial batch, so no batch could be drawn"

@@ -78,7 +78,7 @@ class FederatedData:
     def from_benchmark(
         cls,
         bench: Benchmark,
-        parts: np.ndarray,
+        parts: np.ndarray | list[np.ndarray],
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         augment: bool = True,
@@ -102,16 +102,25 @@ class FederatedData:
         # benchmark (``used`` is sorted, so every client's samples keep their order and every
         # draw through ``parts`` is unchanged): 3 clients x 64 samples of MultiMNIST are 192
         # images instead of 60,000 (0.6 s and 620 MB in float64).
-        used = np.unique(parts)
+        ragged = isinstance(parts, list)  # unequal client sizes (partition.sizes = "lognormal")
+        used = np.unique(np.concatenate(parts) if ragged else parts)
         train_x, train_y = bench.train_x, bench.train_y
         if len(used) < len(train_x):
-            train_x, train_y, parts = train_x[used], train_y[used], np.searchsorted(used, parts)
+            train_x, train_y = train_x[used], train_y[used]
+            parts = [np.searchsorted(used, r) for r in parts] if ragged else np.searchsorted(used, parts)
+        if ragged:
+            from fedhv.api.dataset import RaggedParts
+
+            client_rows: Any = RaggedParts([torch.from_numpy(np.ascontiguousarray(r, dtype=np.int64)).to(device)
+                                            for r in parts])
+        else:
+            client_rows = torch.from_numpy(np.ascontiguousarray(parts, dtype=np.int64)).to(device)
         return cls(
             task_names=bench.task_names,
             num_classes=bench.num_classes,
             train_x=images(train_x),
             train_y=labels(train_y),
-            parts=torch.from_numpy(np.ascontiguousarray(parts, dtype=np.int64)).to(device),
+            parts=client_rows,
             eval_sets={"test": (images(test_x), labels(test_y)), "val": (images(bench.val_x), labels(bench.val_y))},
             augment=bench.augment if augment and bench.augment.active else None,
             objective=bench.objective,

@@ -26,8 +26,8 @@ from fedhv.rng import numpy_rng
 
 
 def dirichlet_partition(
-    strata: np.ndarray, clients: int, samples_per_client: int, alpha: float, seed: int
-) -> np.ndarray:
+    strata: np.ndarray, clients: int, samples_per_client: int | np.ndarray, alpha: float, seed: int
+) -> np.ndarray | list[np.ndarray]:
     """Partition training indices among clients.
 
     Parameters
@@ -36,8 +36,9 @@ def dirichlet_partition(
         Stratum label of every training sample.
     clients : int
         Number of clients ``N``.
-    samples_per_client : int
-        Exact local dataset size ``S``.
+    samples_per_client : int or ndarray ``[N]``
+        Exact local dataset size ``S`` of every client, or one size per client
+        (:func:`client_sizes`; step 2 then uses client ``c``'s own ``S_c``).
     alpha : float
         Dirichlet concentration (smaller = more concentrated label mixtures).
     seed : int
@@ -45,15 +46,21 @@ def dirichlet_partition(
 
     Returns
     -------
-    ndarray, int64 ``[N, S]``
-        Row ``c`` holds client ``c``'s training indices (distinct within a row).
+    ndarray, int64 ``[N, S]`` or list of ndarray
+        Row ``c`` holds client ``c``'s training indices (distinct within a row); a list of
+        ``N`` arrays of the given sizes when ``samples_per_client`` is an array.
     """
     if alpha <= 0:
         raise ConfigError(f"partition.alpha = {alpha} must be > 0")
     n = len(strata)
-    if samples_per_client > n:
+    ragged = not isinstance(samples_per_client, (int, np.integer))
+    target = (np.asarray(samples_per_client, dtype=np.int64) if ragged
+              else np.full(clients, int(samples_per_client), dtype=np.int64))
+    if len(target) != clients:
+        raise ValueError(f"{len(target)} client sizes for {clients} clients")
+    if int(target.max(initial=0)) > n:
         raise ConfigError(
-            f"partition.samples_per_client = {samples_per_client} exceeds the {n} training samples; "
+            f"partition.samples_per_client = {int(target.max())} exceeds the {n} training samples; "
             "lower it"
         )
     if clients > n:
@@ -83,13 +90,14 @@ def dirichlet_partition(
     def pool(k: int) -> list[int]:
         return pools[k][heads[k]:] if heads[k] else pools[k]
 
-    out = np.empty((clients, samples_per_client), dtype=np.int64)
+    rows_out: list[np.ndarray] = []
     recycled = 0
     exhausted: dict[int, int] = {}  # stratum -> times its pool ran dry
     for c in range(clients):
+        size = int(target[c])
         p = rng.dirichlet(np.full(len(keys), alpha))
         mine: list[int] = []
-        wants = np.floor(p * samples_per_client).astype(np.int64)
+        wants = np.floor(p * size).astype(np.int64)
         for k in np.flatnonzero(wants).tolist():  # strata in sorted order; n_k = 0 takes nothing
             want = int(wants[k])
             if len(pools[k]) - heads[k] < want:
@@ -102,7 +110,7 @@ def dirichlet_partition(
             heads[k] += len(take)
             used[k].extend(take)
             mine.extend(take)
-        short = samples_per_client - len(mine)
+        short = size - len(mine)
         if short > 0:
             sizes = np.array([len(pools[k]) - heads[k] for k in range(len(keys))], dtype=np.int64)
             if int(sizes.sum()) < short:
@@ -126,10 +134,29 @@ def dirichlet_partition(
                 mine.append(i)
             for k, ids in taken.items():
                 pools[k], heads[k] = [i for i in pool(k) if i not in ids], 0
-        out[c] = np.asarray(mine, dtype=np.int64)
+        rows_out.append(np.asarray(mine, dtype=np.int64))
+    if ragged:
+        if recycled:
+            warnings.warn(_recycling_note(keys, exhausted, recycled, np.concatenate(rows_out), n), stacklevel=2)
+        return rows_out
+    out = np.stack(rows_out) if rows_out else np.empty((0, int(samples_per_client)), dtype=np.int64)
     if recycled:
         warnings.warn(_recycling_note(keys, exhausted, recycled, out, n), stacklevel=2)
     return out
+
+
+def client_sizes(clients: int, mean: int, sigma: float, min_samples: int, seed: int, limit: int) -> np.ndarray:
+    """Unequal local dataset sizes (``partition.sizes = "lognormal"``).
+
+    ``n_k = clip(round(mean * exp(sigma z_k - sigma^2 / 2)), min_samples, limit)`` with
+    ``z_k ~ N(0, 1)`` i.i.d. (stream ``client-sizes`` of the partition seed): log-normal sizes
+    whose mean before clipping is ``mean`` and whose spread grows with ``sigma``: a few large
+    clients and many small ones, as in cross-device data sets with one client per user (LEAF,
+    Caldas et al., 2018). ``limit`` is the number of training samples.
+    """
+    z = numpy_rng(seed, "client-sizes").standard_normal(clients)
+    raw = np.rint(mean * np.exp(sigma * z - sigma * sigma / 2.0))
+    return np.clip(raw, min_samples, limit).astype(np.int64)
 
 
 def _recycling_note(keys: np.ndarray, exhausted: dict[int, int], recycled: int, out: np.ndarray, n: int) -> str:

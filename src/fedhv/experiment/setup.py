@@ -13,7 +13,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.data.augment import Augment
 from fedhv.data.benchmarks import Benchmark, load_benchmark
 from fedhv.data.federated import FederatedData
-from fedhv.data.partition import dirichlet_partition
+from fedhv.data.partition import client_sizes, dirichlet_partition
 from fedhv.data.user import user_benchmark, user_federated_data, user_model
 from fedhv.errors import ConfigError
 from fedhv.models import MultiTaskModel, build_model, default_init
@@ -41,8 +41,16 @@ def configured_augment(aug: Augment, cfg: RunConfig) -> Augment:
     )
 
 
-def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray]:
-    """The benchmark and its client partition ``[N, S]``."""
+def partition_sizes(cfg: RunConfig, n: int) -> int | np.ndarray:
+    """``samples_per_client``, or with ``partition.sizes = "lognormal"`` one size per client."""
+    p = cfg.partition
+    if p.sizes == "equal":
+        return p.samples_per_client
+    return client_sizes(p.clients, p.samples_per_client, p.size_sigma, p.min_samples, p.seed, n)
+
+
+def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray | list[np.ndarray]]:
+    """The benchmark and its client partition: ``[N, S]``, or ``N`` arrays of unequal sizes."""
     d = cfg.data
     bench = load_benchmark(
         d.benchmark,
@@ -55,7 +63,8 @@ def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray]:
     if d.rotation_degrees is not None or d.flip_prob is not None:
         bench = dataclasses.replace(bench, augment=configured_augment(bench.augment, cfg))
     p = cfg.partition
-    parts = dirichlet_partition(bench.strata(p.strata), p.clients, p.samples_per_client, p.alpha, p.seed)
+    strata = bench.strata(p.strata)
+    parts = dirichlet_partition(strata, p.clients, partition_sizes(cfg, len(strata)), p.alpha, p.seed)
     return bench, parts
 
 
