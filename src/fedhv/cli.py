@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(stats)
     stats.add_argument("--format", choices=["text", "csv", "json"], default="text",
                        help="text (default), csv (the heterogeneity summaries, one tidy table) or json (everything)")
+    stats.add_argument("--gradients", action="store_true", help="also the per-task gradient dissimilarity zeta^2 "
+                       "(paper A.2) at the initial model or --model: one forward/backward pass per client")
+    stats.add_argument("--model", metavar="RUN_DIR", help="with --gradients: the model.pt (or run directory) to "
+                       "measure at (default: the setting's initial model)")
+    stats.add_argument("--grad-clients", type=int, default=100, help="with --gradients: at most this many clients "
+                       "(a seeded sample when N is larger; default 100)")
     show = sub.add_parser("show-config", help="print a setting's resolved configuration")
     _common(show)
     show.add_argument("--method", help="method whose learning rates to resolve")
@@ -216,7 +222,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "partition-stats":  # only the partition keys are validated (fedhv.stats)
         from fedhv.stats import load_partition_config, print_partition_stats
 
-        print_partition_stats(load_partition_config(args.setting, _overrides(args)), args.format)
+        print_partition_stats(load_partition_config(args.setting, _overrides(args)), args.format, args.gradients,
+                              args.model, args.grad_clients)
         return 0
     cfg = load_config(args.setting, _overrides(args))
     if args.command == "show-config":

@@ -29,6 +29,7 @@ from fedhv.config.schema import STRATA, RunConfig
 from fedhv.config.validation import _choice, _seed, validate_partition_keys
 from fedhv.data.heterogeneity import Heterogeneity, client_task_tv, iid_partition
 from fedhv.data.partition import dirichlet_partition
+from fedhv.experiment.setup import partition_sizes
 from fedhv.objectives import MultiLabel
 from fedhv.registry import resolve_benchmark
 
@@ -77,13 +78,25 @@ def _rule_partitions(cfg: RunConfig, bench: Any, parts: np.ndarray) -> list[dict
             if same is not None:
                 same["rules"].append(rule)
                 continue
-            other = dirichlet_partition(strata, p.clients, p.samples_per_client, p.alpha, p.seed)
+            other = dirichlet_partition(strata, p.clients, partition_sizes(cfg, len(strata)), p.alpha, p.seed)
         entries.append({"rules": [rule], "strata": strata, "parts": other})
     return entries
 
 
-def partition_report(cfg: RunConfig) -> dict[str, Any]:
-    """Everything ``fedhv partition-stats`` prints, as JSON-able data."""
+def participation_factor(clients: int, per_round: int) -> float:
+    """``chi_N(M) = (N - M) / (M (N - 1))`` (paper §4.1; 0 for ``N = 1``).
+
+    The variance of the mean of ``M`` of ``N`` client vectors drawn without replacement around
+    their population mean is ``chi_N(M)`` times their population variance
+    ``(1/N) sum_k ||g_k - g||^2`` -- the factor by which partial participation scales the
+    heterogeneity ``zeta^2`` in the paper's bound (0 at full participation).
+    """
+    return 0.0 if clients <= 1 else (clients - per_round) / (per_round * (clients - 1))
+
+
+def partition_report(cfg: RunConfig, gradients: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything ``fedhv partition-stats`` prints, as JSON-able data (``gradients``: the
+    :func:`fedhv.stats_gradients.gradient_dissimilarity` report, when computed)."""
     from fedhv.experiment.setup import load_data
 
     bench, parts = load_data(cfg)
@@ -100,8 +113,9 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
             "strata_present": len(np.unique(entry["strata"])), "mean_tv": h.mean_tv,
             "max_client_tv": h.max_client_tv, "task_mean_tv": list(h.task_mean_tv),
         })
-    iid = Heterogeneity.of(client_task_tv(labels, iid_partition(len(labels), p.clients, p.samples_per_client,
-                                                                p.seed), bench.objective, bench.num_classes))
+    sizes = [len(r) for r in parts] if p.sizes != "equal" else p.samples_per_client  # IID rows of the same sizes
+    iid = Heterogeneity.of(client_task_tv(labels, iid_partition(len(labels), p.clients, sizes, p.seed),
+                                          bench.objective, bench.num_classes))
     strata = entries[0]["strata"]
     keys, counts = np.unique(strata, return_counts=True)
     clients = []
@@ -118,8 +132,12 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
         "setting": cfg.setting, "benchmark": cfg.data.benchmark, "tasks": list(bench.task_names),
         "num_classes": list(bench.num_classes), "multilabel": multilabel,
         "partition": {"clients": p.clients, "samples_per_client": p.samples_per_client, "alpha": p.alpha,
-                      "strata": p.strata, "seed": p.seed},
-        "train_samples": len(labels), "distinct_samples": len(np.unique(parts)),
+                      "strata": p.strata, "seed": p.seed, "sizes": p.sizes},
+        "client_sizes": _size_summary([len(row) for row in parts]),
+        "participation": {"clients_per_round": cfg.train.clients_per_round,
+                          "chi": participation_factor(p.clients, cfg.train.clients_per_round)},
+        "gradients": gradients,
+        "train_samples": len(labels), "distinct_samples": len(np.unique(np.concatenate(list(parts)))),
         "strata_sizes": {str(int(k)): int(c) for k, c in zip(keys, counts)} if len(keys) <= 40 else None,
         "strata_present": len(keys),
         "heterogeneity": summaries,
@@ -128,11 +146,43 @@ def partition_report(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
+def _size_summary(sizes: list[int]) -> dict[str, float]:
+    s = np.asarray(sizes, dtype=np.float64)
+    return {"min": float(s.min()), "median": float(np.median(s)), "mean": float(s.mean()), "max": float(s.max()),
+            "p10": float(np.percentile(s, 10)), "p90": float(np.percentile(s, 90))}
+
+
+#: Per-client rows the text output lists (``--format json`` has every client).
+TEXT_CLIENTS = 60
+
+
+def _participation_lines(r: dict[str, Any]) -> list[str]:
+    """χ_N(M), the client sizes and (when computed) the gradient dissimilarity, as text."""
+    p, part = r["partition"], r["participation"]
+    s = r["client_sizes"]
+    lines = ["", f"participation: M = {part['clients_per_round']} of N = {p['clients']} per round, "
+                 f"chi_N(M) = (N - M) / (M (N - 1)) = {part['chi']:.6g}"]
+    if s["min"] != s["max"]:
+        lines.append(f"client sizes ({p['sizes']}): min {s['min']:.0f}, 10th pct {s['p10']:.0f}, median "
+                     f"{s['median']:.0f}, mean {s['mean']:.1f}, 90th pct {s['p90']:.0f}, max {s['max']:.0f}")
+    g = r.get("gradients")
+    if g:
+        lines += ["", (f"gradient dissimilarity at {g['model']} over {g['clients_used']} of {g['clients']} clients "
+                       f"(A.2: zeta_i^2 = (1/N) sum_k ||grad f_i^(k) - grad f_i||^2):"),
+                  f"  {'task':<10}{'zeta^2':>12}{'||grad f||^2':>14}{'ratio':>9}{'chi zeta^2':>13}"]
+        for t, z, n2, rel, cz in zip(r["tasks"], g["zeta_sq"], g["grad_sq"], g["relative"], g["chi_zeta_sq"]):
+            lines.append(f"  {t:<10}{z:12.4g}{n2:14.4g}{rel:9.3g}{cz:13.4g}")
+        lines.append("  ratio = zeta^2 / ||grad f||^2; chi zeta^2 = the variance of the M sampled clients' mean "
+                     "gradient (without replacement)")
+    return lines
+
+
 def render_text(r: dict[str, Any]) -> str:
     """The report as text: header, heterogeneity summary, per-client statistics."""
     p = r["partition"]
     lines = [(
-        f"{r['setting']}: {p['clients']} clients x {p['samples_per_client']} samples, alpha = {p['alpha']}, "
+        f"{r['setting']}: {p['clients']} clients x {p['samples_per_client']} samples"
+    f"{'' if p.get('sizes', 'equal') == 'equal' else ' (mean, ' + p['sizes'] + ')'}, alpha = {p['alpha']}, "
         f"{p['strata']} strata ({r['strata_present']} present in the training pool), seed {p['seed']}; "
         f"{r['distinct_samples']} distinct samples of {r['train_samples']}"
     )]
@@ -150,19 +200,24 @@ def render_text(r: dict[str, Any]) -> str:
     iid = r["iid"]
     lines.append(f"  {'iid (uniform sample, for scale)':<{width}}{'-':>8}{iid['mean_tv']:9.4f}"
                  f"{iid['max_client_tv']:9.4f}" + "".join(f"{v:9.4f}" for v in iid["task_mean_tv"]))
+    lines += _participation_lines(r)
+    shown = r["clients"][:TEXT_CLIENTS]
+    more = len(r["clients"]) - len(shown)
+    if more:
+        lines += ["", f"(the first {TEXT_CLIENTS} clients below; {more} more with --format json)"]
     if r["multilabel"]:
         lines += ["", "positive-attribute rate per task and client (TV: the client's mean over tasks)",
                   f"{'client':>6} " + "".join(f"{n:>7}" for n in r["tasks"]) + "   strata      TV"]
-        for c in r["clients"]:
+        for c in shown:
             lines.append(f"{c['client']:>6} " + "".join(f"{v:7.3f}" for v in c["positive_rate"])
                          + f"   {c['strata_present']:6d}  {c['tv']:6.4f}")
         return "\n".join(lines) + "\n"
     for i, name in enumerate(r["tasks"]):
-        counts = [c["label_counts"][i] for c in r["clients"]]
+        counts = [c["label_counts"][i] for c in shown]
         cell = max(4, len(str(max(max(row) for row in counts))) + 1)
         header = "".join(f"{v:>{cell}}" for v in range(r["num_classes"][i]))
         lines += ["", f"task {name!r}: label counts per client", f"{'client':>6} {header}   top-share  strata"]
-        for c, row in zip(r["clients"], counts):
+        for c, row in zip(shown, counts):
             cells = "".join(f"{v:>{cell}}" for v in row)
             lines.append(f"{c['client']:>6} {cells}   {max(row) / sum(row):9.2f}  {c['strata_present']:6d}")
     return "\n".join(lines) + "\n"
@@ -195,6 +250,14 @@ def render_json(r: dict[str, Any]) -> str:
 RENDERERS = {"text": render_text, "csv": render_csv, "json": render_json}
 
 
-def print_partition_stats(cfg: RunConfig, fmt: str = "text") -> None:
-    """Print the report of ``cfg``'s partition in ``fmt`` (``text``, ``csv`` or ``json``)."""
-    print(RENDERERS[fmt](partition_report(cfg)), end="")
+def print_partition_stats(cfg: RunConfig, fmt: str = "text", gradients: bool = False, model: str | None = None,
+                          grad_clients: int = 100) -> None:
+    """Print the report of ``cfg``'s partition in ``fmt`` (``text``, ``csv`` or ``json``); with
+    ``gradients`` also the gradient dissimilarity (:mod:`fedhv.stats_gradients`) at the initial
+    model or the ``model.pt`` at ``model``, over at most ``grad_clients`` clients."""
+    report = None
+    if gradients:
+        from fedhv.stats_gradients import gradient_dissimilarity
+
+        report = gradient_dissimilarity(cfg, model, grad_clients)
+    print(RENDERERS[fmt](partition_report(cfg, report)), end="")

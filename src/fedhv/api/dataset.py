@@ -106,15 +106,20 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
         if ids is None or len(ids) != n:
             raise ConfigError(f"partition = \"ids\" needs ids = one client id per sample ({n} values); pass ids=")
         id_col = np.asarray(ids)
-        rows = [torch.from_numpy(np.flatnonzero(id_col == v)) for v in np.unique(id_col)]
+        # one stable sort instead of a pass over the data per id: each client's indices ascending,
+        # clients in the order of their sorted ids (as np.flatnonzero(id_col == v) for v in np.unique)
+        order = np.argsort(id_col, kind="stable")
+        _, starts = np.unique(id_col[order], return_index=True)
+        rows = [torch.from_numpy(r) for r in np.split(order.astype(np.int64), starts[1:])]
     elif isinstance(spec, str):
         raise ConfigError(f"partition = {spec!r} is unknown; use \"dirichlet\", \"dirichlet-disjoint\", \"ids\" or a "
                           "list of index lists")
     else:
         rows = [torch.as_tensor(np.asarray(r, dtype=np.int64)) for r in spec]
-    for c, r in enumerate(rows):
-        if len(r) and (int(r.min()) < 0 or int(r.max()) >= n):
-            raise ConfigError(f"partition[{c}] has indices outside [0, {n}); give each client valid sample indices")
+    flat = torch.cat([r.reshape(-1) for r in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+    if len(flat) and (int(flat.min()) < 0 or int(flat.max()) >= n):  # name the first bad client
+        c = next(c for c, r in enumerate(rows) if len(r) and (int(r.min()) < 0 or int(r.max()) >= n))
+        raise ConfigError(f"partition[{c}] has indices outside [0, {n}); give each client valid sample indices")
     if not any(len(r) for r in rows):
         raise ConfigError("partition: every client is empty; give at least one client samples")
     if len({len(r) for r in rows}) == 1:

@@ -126,3 +126,19 @@ def refuse_in_simulator(cfg: RunConfig, resume: str | None = None) -> None:
     raise ConfigError(f"flower.secure_aggregation = true: secure aggregation is a Flower deployment mode and the "
                       f"simulator would see every client's update and report; {how}, or set "
                       "flower.secure_aggregation = false")
+
+
+def refuse_on_flower(cfg: RunConfig) -> None:
+    """Refuse what only the simulator runs: unequal client sizes and the diagnostics.
+
+    A SuperNode serves one equal-size partition of a setting (or its own data file), and the
+    diagnostics (:mod:`fedhv.diagnostics`) read every client's data on the server. Called by
+    ``fedhv flower local`` before anything starts and by the ServerApp before the handshake.
+    """
+    if cfg.partition.sizes != "equal":
+        raise ConfigError(f"partition.sizes = {cfg.partition.sizes!r}: a SuperNode serves one equal-size partition "
+                          "of a setting; set partition.sizes = \"equal\", give each SuperNode its own data file "
+                          "(fedhv flower export, --node-data), or run unequal sizes in the simulator (fedhv run)")
+    if cfg.diagnostics.enabled:
+        raise ConfigError("diagnostics.enabled = true needs every client's data on the server: it runs in the "
+                          "simulator (fedhv run, grid, fedhv.simulate); set diagnostics.enabled = false for Flower")

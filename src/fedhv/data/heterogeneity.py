@@ -96,10 +96,13 @@ class Heterogeneity:
                    tuple(float(v) for v in per_client))
 
 
-def iid_partition(n: int, clients: int, samples_per_client: int, seed: int) -> np.ndarray:
-    """``[N, S]`` indices, each row a uniform sample without replacement of ``range(n)``.
+def iid_partition(n: int, clients: int, samples_per_client: int | np.ndarray, seed: int) -> np.ndarray | list:
+    """``[N, S]`` indices, each row a uniform sample without replacement of ``range(n)``
+    (a list of rows of the given sizes when ``samples_per_client`` is one size per client).
 
     The no-label-skew baseline for :class:`Heterogeneity` (stream ``(seed, "iid-partition")``).
     """
     rng = numpy_rng(seed, "iid-partition")
+    if not isinstance(samples_per_client, (int, np.integer)):
+        return [rng.choice(n, size=min(int(s), n), replace=False) for s in samples_per_client]
     return np.stack([rng.choice(n, size=min(samples_per_client, n), replace=False) for _ in range(clients)])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhv.config import load_config
+from fedhv.config.flower import refuse_on_flower
 from fedhv.config.loader import apply_overrides, build, load_setting
 from fedhv.config.schema import RunConfig
 from fedhv.flower.procs import FlowerRunError
@@ -29,7 +30,9 @@ def local_config(setting: str, nodes: int, overrides: Sequence[str] = ()) -> Run
     base = build(RunConfig, apply_overrides(load_setting(setting), [*overrides, *extra]))  # not validated yet
     if base.train.clients_per_round > nodes:
         extra.append(f"train.clients_per_round={nodes}")
-    return load_config(setting, [*overrides, *extra])
+    cfg = load_config(setting, [*overrides, *extra])
+    refuse_on_flower(cfg)
+    return cfg
 
 
 def app_pyproject(run_config: dict[str, Any]) -> str:

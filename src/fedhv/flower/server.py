@@ -28,6 +28,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedhv.config import dumps, to_dict
+from fedhv.config.flower import refuse_on_flower
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.experiment.loop import FederationFactory
@@ -46,6 +47,7 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
     from fedhv.data.benchmarks import BUILDERS
     from fedhv.data.user import user_benchmark
 
+    refuse_on_flower(cfg)
     nodes = handshake(grid, config_text, cfg.partition.clients, node_wait)
     sha, v = config_sha(config_text), cfg.validation
     ub = user_benchmark(cfg.data.benchmark)  # a user benchmark ("module:attr", importable on every host)
