@@ -21,6 +21,7 @@ from fedhv.experiment import run_experiment
 from fedhv.experiment.setup import federated_data, new_model
 from fedhv.stats import participation_factor
 from fedhv.stats_gradients import gradient_dissimilarity
+
 from helpers import small_config
 
 XD_SMALL = ["partition.clients=200", "partition.samples_per_client=12", "train.clients_per_round=10",

@@ -160,8 +160,8 @@ def _participation_lines(r: dict[str, Any]) -> list[str]:
     """χ_N(M), the client sizes and (when computed) the gradient dissimilarity, as text."""
     p, part = r["partition"], r["participation"]
     s = r["client_sizes"]
-    lines = ["", f"participation: M = {part['clients_per_round']} of N = {p['clients']} per round, "
-                 f"chi_N(M) = (N - M) / (M (N - 1)) = {part['chi']:.6g}"]
+    lines = ["", (f"participation: M = {part['clients_per_round']} of N = {p['clients']} per round, "
+                  f"chi_N(M) = (N - M) / (M (N - 1)) = {part['chi']:.6g}")]
     if s["min"] != s["max"]:
         lines.append(f"client sizes ({p['sizes']}): min {s['min']:.0f}, 10th pct {s['p10']:.0f}, median "
                      f"{s['median']:.0f}, mean {s['mean']:.1f}, 90th pct {s['p90']:.0f}, max {s['max']:.0f}")

@@ -79,7 +79,7 @@ def gradient_dissimilarity(cfg: RunConfig, model: str | None = None, clients: in
     chi = participation_factor(len(nonempty), min(cfg.train.clients_per_round, len(nonempty)))
     zeta_l, grad_l = zeta.tolist(), grad_sq.tolist()
     return {
-        "model": where, "clients": int(len(nonempty)), "clients_used": n,
+        "model": where, "clients": len(nonempty), "clients_used": n,
         "zeta_sq": zeta_l, "grad_sq": grad_l,
         "relative": [z / g if g > 0 else None for z, g in zip(zeta_l, grad_l)],
         "chi_zeta_sq": [chi * z for z in zeta_l],
