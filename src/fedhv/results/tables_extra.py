@@ -125,7 +125,7 @@ def table_fairness(runs: Sequence[Run], paper: bool = False) -> list[Table]:
             cells = []
             for i, key, _ in cols:
                 stat = Stat.of(_client_value(r, i, key) for r in rs)
-                cells.append(Cell(stat, digits=3 if key == "jain" else 2))
+                cells.append(Cell(stat, digits=4 if key == "jain" else 2))
                 table.records.append(Record(setting, m, f"client_{key}[{tasks[i]}]", stat))
             table.add([method_label(m)], cells)
         table.notes.append("Each client's score on its own training samples (eval mode) at the reported evaluation; "
