@@ -156,3 +156,22 @@ def test_flower_refuses_unequal_sizes_and_diagnostics() -> None:
     for key, value in (("sizes", "'uneven'"), ("size_sigma", "-1"), ("min_samples", "0")):
         with pytest.raises(ConfigError, match=f"partition.{key} = "):
             load_config("multimnist-xd", [f"partition.{key}={value}"])
+
+
+def test_scale_benchmark_runs_and_splits_each_round(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "scale.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scale.py"), "--clients", "300", "--per-round",
+                           "5,400", "--rounds", "1", "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = json.loads(out.read_text())
+    assert result["clients"] == 300 and result["build_s"] > 0 and result["peak_rss_gib"] > 0.1
+    assert [(c["clients_per_round"], c["method"]) for c in result["cells"]] == [(5, "uniform"), (5, "fedhv")]
+    for c in result["cells"]:  # M = 400 > N is left out; the split adds up
+        assert c["train_s"] > 0 and c["round_s"] == pytest.approx(c["train_s"] + c["server_s"] + c["other_s"])
+    assert "| 300 | " in proc.stdout and "| – | – |" in proc.stdout
