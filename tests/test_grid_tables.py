@@ -251,3 +251,86 @@ def test_calibration_is_shared_exactly_where_the_paper_shares_it(tmp_path: Path)
     _, cals = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path, ["calibration.margin=0.3"])
     _, cals_default = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path)
     assert cals[0].path != cals_default[0].path  # a different calibration is not reused
+
+
+def test_table_7_has_the_stabilised_slack_and_a_row_per_ablation_variant(grid_dir: Path) -> None:
+    from fedhv.results.tables import table7
+
+    runs, _ = find_runs(grid_dir)
+    t = table7(runs)
+    rows = {labels[0]: cells for labels, cells in zip(t.labels, t.rows)}
+    variants = sorted(r.config_value("train.local_steps") for r in runs if r.variant)
+    assert [k for k in rows if ", K = " in k] == [f"MultiMNIST, K = {k}" for k in variants]
+    for k in variants:
+        (run,) = [r for r in runs if r.variant and r.config_value("train.local_steps") == k]
+        # an independent reading of the run's rounds: min over rounds of max(raw slack, rho_clip)
+        raw = min(rec["min_slack"] for rec in run.rounds)
+        floor = sum(rec["floor_activations"] for rec in run.rounds)
+        cells = rows[f"MultiMNIST, K = {k}"]
+        assert cells[1].text == f"{raw:.4f}" and cells[2].text == f"{max(raw, 1e-6):.4g}"
+        assert cells[3].text.startswith(f"{floor}/{2 * len(run.rounds)}")
+    std = rows["MultiMNIST"]
+    fedhv = [r for r in runs if r.method == "fedhv" and r.variant is None]
+    assert std[2].text == f"{max(min(rec['min_slack'] for r in fedhv for rec in r.rounds), 1e-6):.4g}"
+
+
+def test_table_12_reports_the_measured_payload_stages_and_times(grid_dir: Path) -> None:
+    from fedhv.results.tables_extra import table12
+
+    runs, _ = find_runs(grid_dir)
+    (t,) = table12(runs)
+    rows = {labels[0]: cells for labels, cells in zip(t.labels, t.rows)}
+    assert list(rows) == ["Uniform", "FedHV"]
+    for method, label in (("uniform", "Uniform"), ("fedhv", "FedHV")):
+        rs = [r for r in runs if r.method == method and r.variant is None]
+        last = rs[0].rounds[-1]  # payload per client of one round, from rounds.jsonl
+        down, up = last["bytes_down_per_client"] / 1e6, last["bytes_up_per_client"] / 1e6
+        cells = rows[label]
+        assert cells[2].text == f"{down:.3f} / {up:.3f}"
+        assert cells[3].text == f"{(down + up) * 4:.1f}"  # M = 4 clients per round (SMALL)
+        assert cells[4].text == "1"  # one synchronisation stage for both
+        per_round = [sum(rec["time_server_s"] for rec in r.rounds) / len(r.rounds) for r in rs]
+        assert cells[6].stat is not None and cells[6].stat.mean == pytest.approx(sum(per_round) / len(per_round))
+    assert rows["FedHV"][1].text == "Θ(d + m)" and rows["Uniform"][1].text == "Θ(d)"
+
+
+def test_figure_2_bars_are_the_reported_per_task_accuracies(grid_dir: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from fedhv.results.collect import group
+    from fedhv.results.plots_diagnostics import final_task_bars
+
+    runs, _ = find_runs(grid_dir)
+    fig = final_task_bars(group(runs), "multimnist")
+    (ax,) = fig.axes
+    bars = sorted(ax.patches, key=lambda p: p.get_x())
+    expected = []
+    for task in range(2):
+        for method in ("uniform", "fedhv"):
+            accs = [r.reported["task_acc"][task] for r in runs if r.method == method and r.variant is None]
+            expected.append(sum(accs) / len(accs))
+    assert [b.get_height() for b in bars] == pytest.approx(expected)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["left", "right"]
+    plt.close(fig)
+
+
+def test_examples_figure_of_a_pair_benchmark_and_of_celeba(tmp_path: Path) -> None:
+    from celeba_fixture import make_celeba
+
+    assert main(["plot", "--examples", "mnist-fmnist", "--out", str(tmp_path), "--formats", "png"]) == 0
+    png = tmp_path / "fig4-examples-mnist-fmnist.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    from fedhv.data.benchmarks import load_benchmark
+    from fedhv.results.examples_fig import examples_figure
+
+    bench = load_benchmark("mnist-fmnist")
+    fig = examples_figure(bench, "mnist-fmnist")
+    titles = [ax.get_title() for ax in fig.axes]
+    first = bench.train_y[:, 0]
+    names = ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
+    assert titles == [f"{c} / {names[int(bench.train_y[int(np.flatnonzero(first == c)[0]), 1])]}" for c in range(6)]
+    make_celeba(tmp_path / "data" / "celeba", n=160)
+    assert main(["plot", "--examples", "celeba5-b", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path),
+                 "--formats", "png"]) == 0
+    assert (tmp_path / "fig4-examples-celeba5-b.png").stat().st_size > 10_000
+    assert main(["plot", "--out", str(tmp_path)]) == 2  # neither DIR nor --examples

@@ -288,7 +288,8 @@ def table7(runs: Sequence[Run], paper: bool = False) -> Table:
                        Cell(text=floor_p or "–"), Cell(text="3")])
     variants = group(runs, with_variants=True)
     for setting, variant, _ in sorted((k for k in variants if k[2] == "fedhv"),
-                                      key=lambda k: (ordered_settings([k[0]]), str(k[1][0]), str(k[1][1]))):
+                                      key=lambda k: (ordered_settings([k[0]]), str(k[1][0]), isinstance(k[1][1], str),
+                                                     k[1][1] if not isinstance(k[1][1], str) else 0, str(k[1][1]))):
         rs = variants[(setting, variant, "fedhv")]
         name = f"{ABLATION_LABELS.get(variant[0].split('.')[-1], variant[0].split('.')[-1])} = {variant[1]}"
         cells = _table7_cells(rs)
