@@ -216,3 +216,37 @@ def test_resume_after_an_evaluation_gives_the_uninterrupted_diagnostics(tmp_path
     for name in ("rounds.jsonl", "metrics.jsonl"):
         assert diag(tmp_path / "part", name) == diag(tmp_path / "full", name)
     assert any(d for _, d in diag(tmp_path / "part", "rounds.jsonl"))
+
+
+def test_simulate_diagnostics_on_a_users_mixed_problem_with_batchnorm_and_unequal_clients() -> None:
+    """A problem that is none of the paper's: a BatchNorm MLP, a 3-class and a regression task, clients
+    of 3 to 40 samples. The per-client fairness of the regression task (lower is better) and the
+    objective are checked against a plain PyTorch loop over the clients with History.model."""
+    import fedhv
+    from test_own_problem import BNNet
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(260, 6, generator=g) * torch.arange(1, 7) + torch.arange(6)
+    label, value = (x[:, 0] > 0.5).long() + (x[:, 1] > 2).long(), (2 * x[:, 2] + x[:, 3]).unsqueeze(1)
+    sizes = [3, 5, 8, 12, 20, 40, 40, 40, 32]
+    starts = np.cumsum([0, *sizes])
+    parts = [list(range(int(starts[k]), int(starts[k + 1]))) for k in range(len(sizes))]
+    tasks = [fedhv.Task("cls", size=3), fedhv.Task("reg", "regression", 1)]
+    data = fedhv.FederatedDataset.from_tensors(x[:200], [label[:200], value[:200]], tasks, partition=parts,
+                                               test=(x[200:], [label[200:], value[200:]]))
+    torch.manual_seed(0)
+    hist = fedhv.simulate(BNNet(), data, fedhv.Uniform(), rounds=4, clients_per_round=4, local_steps=3, batch_size=8,
+                          lr_local=0.05, progress=False, diagnostics={"probe_samples": 64})
+    d = hist.evaluations[-1]["diagnostics"]
+    model = hist.model.eval()
+    with torch.no_grad():
+        mse = [float(((model(data.x[torch.tensor(p)])[1] - data.y[torch.tensor(p), 1:2]) ** 2).mean()) for p in parts]
+        out = [model(data.x[torch.tensor(p)])[0].argmax(1) for p in parts]
+    acc = [100 * float((o == data.y[torch.tensor(p), 0]).double().mean()) for o, p in zip(out, parts)]
+    assert d["clients"]["score"][1]["worst"] == pytest.approx(max(mse), rel=1e-4)  # an MSE: the largest is worst
+    assert d["clients"]["score"][1]["best"] == pytest.approx(min(mse), rel=1e-4)
+    assert d["clients"]["score"][0]["worst"] == pytest.approx(min(acc))
+    assert d["objective"][1] == pytest.approx(np.mean(mse), rel=1e-4)  # equal client weights, not sample weights
+    assert d["pareto_residual"] <= d["pareto_bound"] + 1e-12
+    with pytest.raises(ConfigError, match="unknown option"):
+        fedhv.simulate(BNNet(), data, fedhv.Uniform(), rounds=1, progress=False, diagnostics={"probes": 3})

@@ -35,6 +35,7 @@ from fedhv.config.schema import (
     PRECISIONS,
     CalibrationConfig,
     DataConfig,
+    DiagnosticsConfig,
     EvalConfig,
     PartitionConfig,
     RunConfig,
@@ -181,6 +182,22 @@ def _resume_check(path: Path, cfg: RunConfig, digest: str) -> None:
                           "and test set); pass the FederatedDataset the run was started with")
 
 
+def _with_diagnostics(cfg: RunConfig, diagnostics: bool | dict[str, Any]) -> RunConfig:
+    """``cfg`` with ``[diagnostics]`` from :func:`simulate`'s ``diagnostics`` argument."""
+    if diagnostics is False:
+        return cfg
+    options = {} if diagnostics is True else diagnostics
+    if not isinstance(options, dict):
+        raise ConfigError(f"diagnostics = {diagnostics!r} must be True, False or a dict of [diagnostics] options, "
+                          "e.g. {\"probe_samples\": 512}")
+    known = {f.name for f in dataclasses.fields(DiagnosticsConfig)} - {"enabled"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"diagnostics = {diagnostics!r}: unknown option(s) {', '.join(unknown)}; "
+                          f"choose from {', '.join(sorted(known))}")
+    return dataclasses.replace(cfg, diagnostics=DiagnosticsConfig(enabled=True, **options))
+
+
 def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = None, rounds: int = 10, *,
              clients_per_round: int | None = None, local_steps: int = 10, batch_size: int = 32,
              lr_local: float = 0.1, momentum: float = 0.0, seed: int = 0, engine: str = "batched",
@@ -190,7 +207,7 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
              callback: Callback | None = None, optimizer: str | type = "sgd",
              optimizer_options: dict[str, Any] | None = None, local_epochs: int | None = None,
              clip_grad_norm: float | None = None, aggregation: str = "mean",
-             resume: str | Path | None = None) -> History:
+             resume: str | Path | None = None, diagnostics: bool | dict[str, Any] = False) -> History:
     """Train ``model`` federatedly on ``data`` with ``method`` for ``rounds`` rounds.
 
     Each round samples ``clients_per_round`` of the clients with samples (keyed by ``seed``;
@@ -244,6 +261,10 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
     resume : path, optional
         Continue the unfinished ``simulate`` run in this directory from its last checkpoint,
         given the same model class, data and arguments (refused otherwise).
+    diagnostics : bool or dict, default False
+        Measure the paper's theory quantities and per-client fairness at each evaluation
+        (``docs/diagnostics.md``; they land in ``History.evaluations[k]["diagnostics"]``): ``True``,
+        or the ``[diagnostics]`` options, e.g. ``{"probe_samples": 512, "period": 5}``.
     """
     start = time.perf_counter()
     method = method or FedHV()
@@ -251,6 +272,7 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
                         clip_grad_norm, aggregation)
     cfg = method.configure(_base_config(model, data, name, rounds, clients_per_round, train, seed, engine, precision,
                                         device, eval_every, hv_reference))
+    cfg = _with_diagnostics(cfg, diagnostics)
     digest = data.digest()
     ub = _benchmark(model, data, heads, cfg.device)
     hooks = RunHooks(on_round=callback)
