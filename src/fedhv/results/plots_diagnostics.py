@@ -145,7 +145,9 @@ def final_task_bars(groups: Groups, setting: str, size: str = "page") -> Any:
     low = min(lows) if lows else 0.0
     if np.isfinite(low) and low > 10:
         ax.set_ylim(max(0.0, low - 5), None)
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, top + 0.15 * (top - bottom))  # room for the legend above the bars
     ax.set_ylabel("final test score (accuracy %)")
-    ax.legend(loc="lower right", ncols=min(4, len(methods)))
+    ax.legend(loc="upper right", ncols=min(4, len(methods)), framealpha=1.0)
     ax.set_title(f"{setting_label(setting)}: final per-task test accuracy (mean ± 1σ over seeds)")
     return fig
