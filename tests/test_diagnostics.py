@@ -169,10 +169,14 @@ def test_partial_participation_has_a_report_error_and_uniform_uses_fedhvs_refere
 
 
 def test_diagnostics_period_and_bad_values(tmp_path: Path) -> None:
-    run_experiment(small_config(*DIAG, "diagnostics.period=2", "eval.test_period=1", "rounds=4"),
+    run_experiment(small_config(*DIAG, "diagnostics.period=2", "eval.test_period=1", "rounds=5"),
                    tmp_path / "run", progress=False)
     have = [("diagnostics" in m) for m in _lines(tmp_path / "run" / "metrics.jsonl")]
-    assert have == [True, False, True, False]
+    assert have == [True, False, True, False, True]
+    run_experiment(small_config(*DIAG, "diagnostics.period=2", "eval.test_period=1", "rounds=4"),
+                   tmp_path / "even", progress=False)
+    have = [("diagnostics" in m) for m in _lines(tmp_path / "even" / "metrics.jsonl")]
+    assert have == [True, False, True, True]  # the last evaluation always has them
     for key, value in (("probe_samples", "0"), ("period", "0"), ("probe_seed", "-1")):
         with pytest.raises(ConfigError, match=f"diagnostics.{key} = "):
             load_config("multimnist", [f"diagnostics.{key}={value}"])

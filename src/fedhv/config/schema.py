@@ -303,7 +303,7 @@ class DiagnosticsConfig:
     probe_seed : int
         Seed of the probe draw.
     period : int
-        Every ``period``-th test evaluation (1 = every one).
+        Every ``period``-th test evaluation (1 = every one), and the run's last one.
     """
 
     enabled: bool = False

@@ -79,12 +79,13 @@ class Diagnostics:
         loss, score, _ = client_means(model, self.data, self.batch_size)
         return population_objective(loss), loss, score
 
-    def evaluate(self, round_done: int, model: nn.Module) -> dict[str, Any] | None:
-        """The ``"diagnostics"`` object of the evaluation after ``round_done`` (``None`` when not due).
+    def evaluate(self, round_done: int, model: nn.Module, last: bool = False) -> dict[str, Any] | None:
+        """The ``"diagnostics"`` object of the evaluation after ``round_done`` (``None`` when not due:
+        every ``period``-th evaluation and the run's ``last`` one are).
 
         ``model`` holds ``theta^t`` and the run's buffers; it is left in eval mode.
         """
-        due = self.due()
+        due = self.due() or last
         self.evaluations += 1
         if not due:
             return None

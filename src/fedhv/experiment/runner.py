@@ -419,7 +419,8 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             if eval_due(rec.round, cfg):
                 copy_buffers(evaluator, engine.model)
                 entry = evaluation_entry(cfg, evaluator, theta_new, data, rec, totals, loop_start)
-                if diagnostics is not None and (diag := diagnostics.evaluate(rec.round, evaluator)) is not None:
+                if diagnostics is not None and (diag := diagnostics.evaluate(rec.round, evaluator,
+                                                                             rec.round == cfg.rounds)) is not None:
                     entry["diagnostics"] = diag
                 record["time_eval_s"] = entry["time_eval_s"]
                 run.metrics.append(entry)
