@@ -75,8 +75,8 @@ def table12(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                 Record(setting, m, "mb_per_round_all_clients", None if both is None else Stat(both, None, len(rs)),
                        None if theirs is None else Stat(float(theirs), None, 3)),
                 Record(setting, m, "sync_stages", Stat.of([s0.get("sync_stages")])),
-                Record(setting, m, "client_s_per_round", client_s),
-                Record(setting, m, "server_s_per_round", server_s),
+                Record(setting, m, "client_per_round_s", client_s),
+                Record(setting, m, "server_per_round_s", server_s),
             ]
             if paper and theirs is not None:
                 table.add(["paper"], [Cell(text=""), Cell(text=""), Cell(text=""), Cell(text=f"~{theirs}"),
