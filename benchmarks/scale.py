@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--methods", default="uniform,fedhv")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="also write the measurements to this file")
+    parser.add_argument("--from-json", nargs="+", metavar="FILE", help="print the tables of saved --json results")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     per_round = [int(v) for v in args.per_round.split(",")]
@@ -87,13 +88,28 @@ def main() -> int:
     if args.child is not None:
         print(json.dumps(child(args.child, per_round, methods, args.rounds)))
         return 0
-    results = []
+    results: list[dict[str, Any]] = []
+    if args.from_json:
+        for name in args.from_json:
+            with open(name) as fh:
+                results += json.load(fh)
+        render(sorted(results, key=lambda r: r["clients"]), per_round, methods)
+        return 0
     for n in (int(v) for v in args.clients.split(",")):
         ms = [m for m in per_round if m <= n]
         res = subprocess.run([sys.executable, __file__, "--child", str(n), "--per-round", ",".join(map(str, ms)),
                               "--methods", args.methods, "--rounds", str(args.rounds)],
                              stdout=subprocess.PIPE, text=True, check=True)
         results.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    render(results, per_round, methods)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+def render(results: list[dict[str, Any]], per_round: list[int], methods: list[str]) -> None:
+    """The table with a row per N, then the split of every (N, M, method)."""
     head = " | ".join(f"M = {m} {meth}" for m in per_round for meth in methods)
     print(f"\n| N | build (s) | peak RSS (GiB) | {head} |")
     print("|---" * (3 + len(per_round) * len(methods)) + "|")
@@ -108,10 +124,6 @@ def main() -> int:
         for c in r["cells"]:
             print(f"| {r['clients']:,} | {c['clients_per_round']} | {c['method']} | {c['round_s']:.3f} | "
                   f"{c['train_s']:.3f} | {c['server_s']:.4f} | {c['other_s']:.4f} |")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from helpers import small_config
 
 XD_SMALL = ["partition.clients=200", "partition.samples_per_client=12", "train.clients_per_round=10",
             "train.batch_size=16", "train.local_steps=3", "calibration.rounds=2", "data.max_test_samples=300",
-            "eval.test_period=2", "rounds=4"]
+            "eval.test_period=2", "rounds=2"]
 
 
 def test_a_partition_of_equal_sizes_given_per_client_is_the_papers_partition() -> None:

@@ -63,7 +63,7 @@ def dirichlet_partition(
             f"partition.samples_per_client = {int(target.max())} exceeds the {n} training samples; "
             "lower it"
         )
-    if clients > n:
+    if clients > n and not ragged:  # unequal sizes (cross-device): clients share samples, as recycling does
         raise ConfigError(
             f"partition.clients = {clients} exceeds the {n} training samples; every client needs its own "
             "samples, so lower partition.clients"
