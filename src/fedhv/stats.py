@@ -171,7 +171,8 @@ def _participation_lines(r: dict[str, Any]) -> list[str]:
                        f"(A.2: zeta_i^2 = (1/N) sum_k ||grad f_i^(k) - grad f_i||^2):"),
                   f"  {'task':<10}{'zeta^2':>12}{'||grad f||^2':>14}{'ratio':>9}{'chi zeta^2':>13}"]
         for t, z, n2, rel, cz in zip(r["tasks"], g["zeta_sq"], g["grad_sq"], g["relative"], g["chi_zeta_sq"]):
-            lines.append(f"  {t:<10}{z:12.4g}{n2:14.4g}{rel:9.3g}{cz:13.4g}")
+            ratio = f"{rel:9.3g}" if rel is not None else f"{'-':>9}"
+            lines.append(f"  {t:<10}{z:12.4g}{n2:14.4g}{ratio}{cz:13.4g}")
         lines.append("  ratio = zeta^2 / ||grad f||^2; chi zeta^2 = the variance of the M sampled clients' mean "
                      "gradient (without replacement)")
     return lines

@@ -7,8 +7,11 @@ gradient ``g_i = (1/N) sum_k g_i^(k)``, the heterogeneity of the paper's analysi
     zeta_i^2 = H_i(theta) = (1/N) sum_k ||g_i^(k) - g_i||^2.
 
 Over a seeded subset ``S`` of ``n`` clients (when ``N`` exceeds the ``clients`` budget) the
-estimate is ``(1/(n - 1)) sum_{k in S} ||g_i^(k) - mean_S g||^2``, unbiased for the population
-variance with divisor ``N - 1``; it is rescaled by ``(N - 1)/N`` to estimate ``H_i``. Reported
+estimate is ``s^2 = (1/(n - 1)) sum_{k in S} ||g_i^(k) - mean_S g||^2``, unbiased for the population
+variance with divisor ``N - 1``; it is rescaled by ``(N - 1)/N`` to estimate ``H_i``, and
+``||g_i||^2`` is estimated by ``||mean_S g||^2 - (1 - n/N) s^2 / n`` (the square of the subset
+mean is biased upward by its variance; the estimate can come out negative when the spread
+dwarfs the mean, and the ratio is then not reported). Reported
 with ``||g_i||^2``, their ratio (the "bounded dissimilarity" ``B^2 - 1`` of FedProx-style
 analyses) and ``chi_N(M) zeta_i^2``, the variance of the ``M`` sampled clients' mean gradient
 (:func:`fedhv.stats.participation_factor`). Cost: one forward and ``m`` backward passes over the
@@ -70,12 +73,15 @@ def gradient_dissimilarity(cfg: RunConfig, model: str | None = None, clients: in
     mean = stack.mean(0)
     n = len(chosen)
     spread = ((stack - mean) ** 2).sum(-1)  # [n, m]
-    if n == len(nonempty):  # every client: the population value itself
+    grad_sq = (mean ** 2).sum(-1)
+    if n == len(nonempty):  # every client: the population values themselves
         zeta = spread.mean(0)
     else:
         pop = len(nonempty)
-        zeta = spread.sum(0) / (n - 1) * (pop - 1) / pop
-    grad_sq = (mean ** 2).sum(-1)
+        sample_var = spread.sum(0) / (n - 1)
+        zeta = sample_var * (pop - 1) / pop
+        # ||mean_S g||^2 overestimates ||g||^2 by the variance of the subset mean, (1 - n/N) s^2 / n
+        grad_sq = grad_sq - (1 - n / pop) * sample_var / n
     chi = participation_factor(len(nonempty), min(cfg.train.clients_per_round, len(nonempty)))
     zeta_l, grad_l = zeta.tolist(), grad_sq.tolist()
     return {
