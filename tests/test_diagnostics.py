@@ -30,7 +30,7 @@ from fedhv.weighting import hv_weights
 
 from helpers import small_config, small_data
 
-DIAG = ["diagnostics.enabled=true", "diagnostics.probe_samples=96", "eval.test_period=2"]
+DIAG = ["diagnostics.enabled=true", "diagnostics.probe_samples=96", "eval.test_period=2", "rounds=6"]
 
 
 def _lines(path: Path) -> list[dict]:
