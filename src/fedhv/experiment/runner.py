@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from fedhv.config import dumps, to_dict
-from fedhv.config.flower import refuse_in_simulator
+from fedhv.config.flower import refuse_in_simulator, refuse_on_flower
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -169,10 +169,8 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
     """
     if federation_factory is None:
         refuse_in_simulator(cfg, None if resume is None else str(resume))
-    elif cfg.diagnostics.enabled:
-        raise ConfigError("diagnostics.enabled = true needs every client's data on the server (per-client "
-                          "fairness, the full-population objective, probe gradients): it runs in the simulator "
-                          "(fedhv run, grid, fedhv.simulate); set diagnostics.enabled = false for Flower")
+    else:  # what only the simulator runs (the ServerApp refused it before its handshake already)
+        refuse_on_flower(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     data = federated_data(cfg)
