@@ -1,0 +1,55 @@
+"""Mean ± sample std of a run's last scheduled test evaluations, up to a round (issue 31's JPEG proxy).
+
+    python benchmarks/last_evals.py RUN_DIR [RUN_DIR ...] [--until 150] [--last 10]
+
+For every run directory, the evaluations in ``metrics.jsonl`` whose round is a multiple of the
+run's test period (the scheduled ones, B.5; an extra final evaluation is left out) and at most
+``--until`` are taken, the last ``--last`` of them averaged: MeanAcc and each task's score.
+Comparing a 150-round run with the first 150 rounds of a longer one is fair where the setting has
+no learning-rate schedule (the paper's presets have none): both then train identically up to there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import tomllib
+
+
+def last_evaluations(run: Path, until: int, last: int) -> list[dict]:
+    """The last ``last`` scheduled evaluations of ``run`` at rounds ≤ ``until``."""
+    config = tomllib.loads((run / "config.toml").read_text())
+    period = int(config["eval"]["test_period"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    scheduled = [r for r in records if r.get("round", 0) <= until and r["round"] % period == 0 and "mean_acc" in r]
+    if len(scheduled) < last:
+        raise SystemExit(f"{run}: {len(scheduled)} scheduled evaluations up to round {until}, fewer than --last {last}")
+    return scheduled[-last:]
+
+
+def summary(records: list[dict]) -> dict[str, tuple[float, float]]:
+    """``{column: (mean, sample std)}`` for MeanAcc and each task's score."""
+    columns = {"MeanAcc": [r["mean_acc"] for r in records]}
+    for i in range(len(records[0]["task_acc"])):
+        columns[f"task {i}"] = [r["task_acc"][i] for r in records]
+    return {k: (statistics.fmean(v), statistics.stdev(v)) for k, v in columns.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (config.toml + metrics.jsonl)")
+    parser.add_argument("--until", type=int, default=150, help="last round considered (default 150)")
+    parser.add_argument("--last", type=int, default=10, help="how many evaluations to average (default 10)")
+    args = parser.parse_args()
+    for run in args.runs:
+        records = last_evaluations(run, args.until, args.last)
+        cells = "  ".join(f"{k} {m:.2f} ± {s:.2f}" for k, (m, s) in summary(records).items())
+        print(f"{run}: rounds {records[0]['round']}–{records[-1]['round']}: {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
