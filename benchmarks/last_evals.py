@@ -31,10 +31,11 @@ def last_evaluations(run: Path, until: int, last: int) -> list[dict]:
 
 
 def summary(records: list[dict]) -> dict[str, tuple[float, float]]:
-    """``{column: (mean, sample std)}`` for MeanAcc and each task's score."""
+    """``{column: (mean, sample std)}`` for MeanAcc and each task's score (accuracy, or a regression task's metric)."""
     columns = {"MeanAcc": [r["mean_acc"] for r in records]}
-    for i in range(len(records[0]["task_acc"])):
-        columns[f"task {i}"] = [r["task_acc"][i] for r in records]
+    key = "task_score" if "task_score" in records[0] else "task_acc"  # task_score: a regression task's own metric
+    for i in range(len(records[0][key])):
+        columns[f"task {i}"] = [r[key][i] for r in records]
     return {k: (statistics.fmean(v), statistics.stdev(v)) for k, v in columns.items()}
 
 
