@@ -4,7 +4,7 @@
 
 For every run directory, the evaluations in ``metrics.jsonl`` whose round is a multiple of the
 run's test period (the scheduled ones, B.5; an extra final evaluation is left out) and at most
-``--until`` are taken, the last ``--last`` of them averaged: MeanAcc and each task's score.
+``--until`` are taken (``fedhv.results.collect.Run.last_scheduled``, as Table 11 takes them), the last ``--last`` of them averaged: MeanAcc and each task's score.
 Comparing a 150-round run with the first 150 rounds of a longer one is fair where the setting has
 no learning-rate schedule (the paper's presets have none): both then train identically up to there.
 """
@@ -12,22 +12,24 @@ no learning-rate schedule (the paper's presets have none): both then train ident
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
-import tomllib
+from fedhv.results.collect import find_runs
 
 
 def last_evaluations(run: Path, until: int, last: int) -> list[dict]:
-    """The last ``last`` scheduled evaluations of ``run`` at rounds ≤ ``until``."""
-    config = tomllib.loads((run / "config.toml").read_text())
-    period = int(config["eval"]["test_period"])
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    scheduled = [r for r in records if r.get("round", 0) <= until and r["round"] % period == 0 and "mean_acc" in r]
-    if len(scheduled) < last:
-        raise SystemExit(f"{run}: {len(scheduled)} scheduled evaluations up to round {until}, fewer than --last {last}")
-    return scheduled[-last:]
+    """The last ``last`` scheduled evaluations of the finished run ``run`` at rounds ≤ ``until``
+    (:meth:`fedhv.results.collect.Run.last_scheduled`, as Table 11 takes them)."""
+    runs, _ = find_runs(run)
+    found = [r for r in runs if r.path.resolve() == run.resolve()]
+    if not found:
+        raise SystemExit(f"{run}: not a finished run directory (config.toml, metrics.jsonl, summary.json)")
+    records = found[0].last_scheduled(last, until=until)
+    period = int(found[0].config_value("eval.test_period", 0) or 0)
+    if len(records) < last or not period or any(r["round"] % period for r in records):
+        raise SystemExit(f"{run}: fewer than --last {last} scheduled evaluations up to round {until}")
+    return records
 
 
 def summary(records: list[dict]) -> dict[str, tuple[float, float]]:

@@ -56,5 +56,6 @@ def test_last_scheduled_evaluations_of_a_real_run(tmp_path: Path) -> None:
                                             statistics.stdev(e["mean_acc"] for e in scheduled[-4:])))
     assert got["task 1"][0] == pytest.approx(statistics.fmean(e["task_acc"][1] for e in scheduled[-4:]))
     assert [r["round"] for r in script.last_evaluations(tmp_path / "run", until=10, last=2)] == [6, 9]
-    with pytest.raises(SystemExit, match="fewer than --last 9"):
+    assert [r["round"] for r in script.last_evaluations(tmp_path / "run", until=18, last=2)] == [15, 18]
+    with pytest.raises(SystemExit, match="fewer than --last 9 scheduled"):
         script.last_evaluations(tmp_path / "run", until=20, last=9)

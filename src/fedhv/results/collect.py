@@ -109,15 +109,18 @@ class Run:
             node = node[part]
         return node
 
-    def last_scheduled(self, n: int = 10) -> list[dict[str, Any]]:
+    def last_scheduled(self, n: int = 10, until: int | None = None) -> list[dict[str, Any]]:
         """The last ``n`` *scheduled* test evaluations (round a multiple of ``eval.test_period``).
 
         The extra evaluation after the last round, when that round is off schedule, is
         left out (paper Table 11 averages "the final ten scheduled test evaluations").
+        ``until``: only evaluations at rounds ``<= until`` (the first ``until`` rounds of a
+        longer run, e.g. against a shorter run of the same setting).
         """
         period = int(self.config_value("eval.test_period", 0) or 0)
-        scheduled = [e for e in self.metrics if period and e["round"] % period == 0]
-        return (scheduled or self.metrics)[-n:]
+        metrics = [e for e in self.metrics if until is None or e["round"] <= until]
+        scheduled = [e for e in metrics if period and e["round"] % period == 0]
+        return (scheduled or metrics)[-n:]
 
     @property
     def total_rounds(self) -> int:
