@@ -444,6 +444,14 @@ def group(runs: Sequence[Run], with_variants: bool = False) -> dict[tuple[str, A
     return out
 
 
+def variant_order(variant: tuple[str, Any]) -> tuple[bool, float, str]:
+    """Sort key of an ablation variant ``(parameter, value)`` within its sweep: numbers by value
+    (K = 1, 5, 10, 20, not "1", "10", "20", "5"), then other values by their text."""
+    value = variant[1]
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (not numeric, float(value) if numeric else 0.0, str(value))
+
+
 def ordered_settings(settings: Iterable[str]) -> list[str]:
     known = [s for s in SETTING_ORDER if s in set(settings)]
     return known + sorted(set(settings) - set(known))

@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 
 from fedhv.errors import FedHVError
-from fedhv.results.collect import Run, group, method_label, ordered_methods, ordered_settings, setting_label
+from fedhv.results.collect import (
+    Run,
+    group,
+    method_label,
+    ordered_methods,
+    ordered_settings,
+    setting_label,
+    variant_order,
+)
 from fedhv.results.plots_diagnostics import diagnostics_curves, fairness_curves, final_task_bars
 
 COLORS = {"uniform": "#7f7f7f", "fsmgda": "#1f77b4", "fedcmoo": "#2ca02c", "fedhv": "#d62728"}
@@ -277,7 +285,7 @@ def ablation_curves(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[s
     for setting, param in sorted({(s, v[0]) for s, v, m in groups if v is not None}):
         fig, ax = _figure(size, 0.6)
         variants = sorted((v for s, v, m in groups if s == setting and v is not None and v[0] == param),
-                          key=lambda v: (isinstance(v[1], str), str(v[1]).zfill(6)))
+                          key=variant_order)
         for variant in variants:
             rs = [r for (s, v, _), g in groups.items() if s == setting and v == variant for r in g]
             x, mean, std = _series(rs, lambda r: r.metrics, _field("mean_acc"))

@@ -26,6 +26,7 @@ from fedhv.results.collect import (
     ordered_methods,
     ordered_settings,
     setting_label,
+    variant_order,
 )
 from fedhv.results.paper_data import paper_stat, paper_value, setting_differences
 from fedhv.results.table_model import Cell, Record, Table, rank
@@ -288,8 +289,7 @@ def table7(runs: Sequence[Run], paper: bool = False) -> Table:
                        Cell(text=floor_p or "–"), Cell(text="3")])
     variants = group(runs, with_variants=True)
     for setting, variant, _ in sorted((k for k in variants if k[2] == "fedhv"),
-                                      key=lambda k: (ordered_settings([k[0]]), str(k[1][0]), isinstance(k[1][1], str),
-                                                     k[1][1] if not isinstance(k[1][1], str) else 0, str(k[1][1]))):
+                                      key=lambda k: (ordered_settings([k[0]]), str(k[1][0]), variant_order(k[1]))):
         rs = variants[(setting, variant, "fedhv")]
         name = f"{ABLATION_LABELS.get(variant[0].split('.')[-1], variant[0].split('.')[-1])} = {variant[1]}"
         cells = _table7_cells(rs)
@@ -338,7 +338,7 @@ def table10(runs: Sequence[Run], paper: bool = False) -> Table:
     for setting, param in keys:
         name = param.split(".")[-1]
         variants = [v for s, v, m in groups if s == setting and m == "fedhv" and v is not None and v[0] == param]
-        variants.sort(key=lambda v: (isinstance(v[1], str), v[1] if not isinstance(v[1], str) else 0))
+        variants.sort(key=variant_order)
         col_acc, col_loss = [], []
         for variant in variants:
             rs = groups[(setting, variant, "fedhv")]
