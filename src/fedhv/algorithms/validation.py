@@ -26,7 +26,17 @@ Checks, for a stage of a run with ``m`` tasks and ``d`` parameters that asked fo
     two, two of four) are caught; a client whose norm is within ``rho`` times the
     lower median is never rejected.
 
+- optional report bound (``ReplySpec.max_report_ratio = rho``; off in the simulator,
+  :data:`REPORT_OUTLIER_RATIO` on the Flower paths, whose replies come from other hosts):
+  among the replies that passed every other check, a client with ``F_ki > rho * med_i``
+  for some task ``i`` is rejected, ``med_i`` the lower median of the ``k`` reports of
+  task ``i`` (the same order statistic as the norm rule). A report is non-negative, so
+  one client can then move the mean report of a round by at most ``rho * med_i / k``
+  (it cannot be caught below that bound); with ``k = 2`` the larger of the two is the
+  one rejected.
+
 A value that cannot be read as a number array (wrong type, ragged) is rejected too.
+Self-reported counts (sample counts a weighting uses) are checked by :func:`count_problem`.
 """
 
 from __future__ import annotations
@@ -39,6 +49,12 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.base import Replies
+
+#: ``max_report_ratio`` of the Flower paths (strategies and back-end): a report above 10x the
+#: round's lower median of that task is an outlier. Honest reports of one round are taken at one
+#: model (the spread comes from the clients' data only; 10x is far beyond it), and a report
+#: 10x the median still moves a round's mean by at most ``10 * med / k``.
+REPORT_OUTLIER_RATIO = 10.0
 
 
 class NoValidReplies(RuntimeError):
@@ -80,6 +96,9 @@ class ReplySpec:
         Absolute bound on each update row's L2 norm (0 = off).
     max_norm_ratio : float
         Bound relative to the median row norm of the stage's valid replies (0 = off).
+    max_report_ratio : float
+        Bound on each task's report relative to the lower median of the stage's valid
+        reports of that task (0 = off; :func:`report_outliers`).
     """
 
     num_tasks: int
@@ -89,6 +108,7 @@ class ReplySpec:
     train_rows: int = 0
     max_update_norm: float = 0.0
     max_norm_ratio: float = 0.0
+    max_report_ratio: float = 0.0
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -121,6 +141,26 @@ def _tensor_problem(name: str, value: Any, shape: tuple[int, ...]) -> str | None
         return f"{name} has shape {arr.shape}, expected {shape}"
     if not np.isfinite(arr).all():
         return f"{name} has non-finite values"
+    return None
+
+
+def array_problem(name: str, value: Any, shape: tuple[int, ...]) -> str | None:
+    """Why ``value`` is not a finite real array of ``shape`` (``name`` in the reason), or ``None``."""
+    return _tensor_problem(name, value, shape)
+
+
+def count_problem(value: Any, name: str, minimum: int, maximum: int) -> str | None:
+    """Why a self-reported count (a sample count) is not an integer in ``[minimum, maximum]``, or ``None``.
+
+    An ``int`` or an integral finite ``float`` is a count; ``bool``, strings, lists and
+    anything else are not.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return f"{name} = {value!r} is not an integer"
+    if not np.isfinite(value) or float(value) != int(value):
+        return f"{name} = {value!r} is not an integer"
+    if not minimum <= int(value) <= maximum:
+        return f"{name} = {int(value)} is outside [{minimum}, {maximum}]"
     return None
 
 
@@ -187,6 +227,28 @@ def norm_outliers(valid: Sequence[ClientReply], spec: ReplySpec) -> list[str | N
                 t = int(over[0])
                 problems[k] = (f"{label} norm {norms[k, t]:.4g} exceeds validation.max_update_norm_ratio = {rho:g} "
                                f"x the round's lower median {median[t]:.4g}")
+    return problems
+
+
+def report_outliers(valid: Sequence[ClientReply], spec: ReplySpec) -> list[str | None]:
+    """``spec.max_report_ratio``: why each valid reply's report is an outlier, or ``None``.
+
+    Task ``i`` of client ``k`` is an outlier when ``F_ki > rho * med_i``, with ``med_i``
+    the lower median of ``F_ji`` over the replies ``j`` in ``valid`` (which passed
+    :func:`reply_problem`: finite, non-negative, ``m`` values).
+    """
+    problems: list[str | None] = [None] * len(valid)
+    rho = spec.max_report_ratio
+    if rho <= 0 or not spec.report or len(valid) < 2:
+        return problems
+    reports = np.stack([np.asarray(_as_array(r.report), dtype=np.float64).reshape(-1) for r in valid])  # [k, m]
+    median = np.sort(reports, axis=0)[(len(valid) - 1) // 2]
+    for k in range(len(valid)):
+        over = np.flatnonzero(reports[k] > rho * median)
+        if over.size:
+            i = int(over[0])
+            problems[k] = (f"report {reports[k, i]:.4g} of task {i} exceeds {rho:g} x the round's lower median "
+                           f"{median[i]:.4g} (an outlier report)")
     return problems
 
 

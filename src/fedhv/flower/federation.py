@@ -43,12 +43,15 @@ from flwr.serverapp import Grid
 from fedhv.algorithms.accounting import FederationAccounting
 from fedhv.algorithms.base import Replies, Request, sample_weights
 from fedhv.algorithms.validation import (
+    REPORT_OUTLIER_RATIO,
     ClientReply,
     NoValidReplies,
     ReplySpec,
+    count_problem,
     is_non_finite,
     norm_outliers,
     reply_problem,
+    report_outliers,
     stack_replies,
 )
 from fedhv.errors import FedHVError
@@ -122,7 +125,13 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
         src = reply.metadata.src_node_id
         if reply.has_error():
             raise FlowerSetupError(f"SuperNode {src} failed the handshake: {reply.error.reason}")
-        rec = reply.content.config_records[NODE]
+        rec = reply.content.config_records.get(NODE)
+        problem = node_facts_problem(rec, num_clients)
+        if problem is not None:
+            raise FlowerSetupError(f"SuperNode {src} answered the handshake with {problem}; start it with fedhv's "
+                                   f"ClientApp of this version and --node-config \"partition-id=K "
+                                   f"num-partitions={num_clients}\"")
+        assert rec is not None
         pid, n = as_int(rec["partition-id"], "partition-id"), as_int(rec["num-partitions"], "num-partitions")
         if pid in nodes:
             raise FlowerSetupError(f"SuperNodes {nodes[pid]} and {src} both claim partition-id={pid}; give each "
@@ -139,6 +148,31 @@ def handshake(grid: Grid, config_text: str, num_clients: int, wait_s: float = 12
         raise FlowerSetupError(f"no SuperNode answered the handshake for partitions {missing}; start them with "
                                f"--node-config \"partition-id=K num-partitions={num_clients}\"")
     return NodeMap(nodes, served)
+
+
+#: Largest sample count a SuperNode may report for its client (``samples``, the weight of its updates
+#: with ``train.aggregation = "samples"``): more than any dataset fedhv reads holds.
+MAX_NODE_SAMPLES = 2**31 - 1
+
+
+def node_facts_problem(rec: Any, num_clients: int) -> str | None:
+    """Why a SuperNode's handshake record (its self-reported facts) is unusable, or ``None``.
+
+    ``partition-id`` must be an integer in ``[0, num_clients)``, ``num-partitions`` an integer,
+    ``samples`` (when sent) an integer in ``[0, MAX_NODE_SAMPLES]``.
+    """
+    if not isinstance(rec, ConfigRecord):
+        return f"no {NODE!r} record"
+    for key, low, high in (("partition-id", 0, num_clients - 1), ("num-partitions", 1, MAX_NODE_SAMPLES),
+                           ("samples", 0, MAX_NODE_SAMPLES)):
+        if key not in rec:
+            if key == "samples":
+                continue
+            return f"no {key!r}"
+        problem = count_problem(rec[key], key, low, high)
+        if problem is not None:
+            return problem
+    return None
 
 
 def ask_nodes(grid: Grid, content: RecordDict, ids: list[int], deadline: float, group_id: str) -> list[Message]:
@@ -224,9 +258,12 @@ class FlowerFederation(FederationAccounting):
         got = self._collect(replies, sent_to)
         out = self._validated(got, request, theta)
         if self.aggregation == "samples" and out.deltas is not None:  # sizes from the nodes' handshake
-            out.weights = sample_weights([int(self.nodes.served.get(int(c), {}).get("samples", 1))  # type: ignore[call-overload]
-                                          for c in out.clients])
+            out.weights = sample_weights([self._samples(int(c)) for c in out.clients])
         return out
+
+    def _samples(self, client: int) -> int:
+        """The sample count ``client``'s node reported at the handshake (validated there; 1 when not sent)."""
+        return int(self.nodes.served.get(client, {}).get("samples", 1))  # type: ignore[call-overload]
 
     def _stage_contents(self, theta: torch.Tensor, request: Request) -> Iterator[tuple[int, int, RecordDict]]:
         """``(client, node, content)`` of this stage for every remaining client; a client whose
@@ -240,6 +277,21 @@ class FlowerFederation(FederationAccounting):
                 continue
             yield c, node, stage_content(theta, request, self.round_idx, self.seed, self.stream, self.sha, c,
                                          self.num_tasks, self.stages + 1, buffers)  # the simulator's stage key
+
+    def _buffers_problem(self, reply: ClientReply) -> str | None:
+        """Why a training reply's model buffers (BatchNorm statistics) cannot be merged, or ``None``."""
+        g = self.global_buffers
+        if reply.buffers is None or g is None or not g.buffers:
+            return None
+        sizes = [b.numel() for b in g.buffers]
+        got = [int(np.size(b)) for b in reply.buffers]
+        if got != sizes:
+            return f"buffers have sizes {got}, expected {sizes}"
+        for b in reply.buffers:
+            arr = np.asarray(b)
+            if arr.dtype.kind not in "fiu" or not np.isfinite(arr.astype(np.float64)).all():
+                return f"buffers have non-finite or non-numeric values (dtype {arr.dtype})"
+        return None
 
     def _merge_buffers(self, valid: list[ClientReply]) -> None:
         """Global buffers <- mean of the valid training replies' buffers (those that fit the model)."""
@@ -284,19 +336,25 @@ class FlowerFederation(FederationAccounting):
             gradient_rows=0 if request.gradients is None else len(request.gradients),
             train_rows=0 if request.train is None else len(request.train),
             max_update_norm=self.max_update_norm, max_norm_ratio=self.max_norm_ratio,
+            max_report_ratio=REPORT_OUTLIER_RATIO,
         )
+        weighted = self.aggregation == "samples" and spec.train_rows > 0
         valid = []
         for c in self._clients.tolist():  # keep the sampled (sorted) order
             reply = got.get(c)
             if reply is None:
                 continue
             problem = reply_problem(reply, spec)
+            if problem is None and spec.train_rows:
+                problem = self._buffers_problem(reply)
+            if problem is None and weighted and self._samples(c) < 1:
+                problem = "its node reported 0 samples at the handshake (no weight with train.aggregation = samples)"
             if problem is None:
                 valid.append(reply)
             else:  # garbage the node was configured to send (faults.*) is no sign of divergence
                 injected = self.faults.active and self.faults.corrupt(reply, self.round_idx, self.stages) is not reply
                 self._reject(c, problem, own=not injected and is_non_finite(problem))
-        outliers = norm_outliers(valid, spec)
+        outliers = [n or r for n, r in zip(norm_outliers(valid, spec), report_outliers(valid, spec))]
         for reply, problem in zip(valid, outliers):
             if problem is not None:
                 self._reject(reply.client, problem)
@@ -322,6 +380,11 @@ class FlowerFederation(FederationAccounting):
         log.warning("round %d: client %d dropped: %s", self.round_idx + 1, client, why)
 
     def _reject(self, client: int, problem: str, own: bool = False) -> None:
-        """Record and log the rejection, and take ``client`` out of the rest of the round."""
+        """Record and log the rejection (naming the client's SuperNode), and take ``client`` out of the
+        rest of the round."""
         self._clients = self._clients[self._clients != client]
-        super()._reject(client, problem, own)
+        self.rejected.append((client, problem))
+        if own:
+            self.diverged.append((client, problem))
+        log.warning("round %d: client %d (SuperNode %s) rejected: %s", self.round_idx + 1, client,
+                    self.nodes.node(client), problem)
