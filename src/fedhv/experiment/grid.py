@@ -55,6 +55,7 @@ from fedhv.experiment.grid_check import (  # noqa: F401 - re-exported
 )
 from fedhv.experiment.grid_worker import JobCancelled, guarded, init_worker, spawning_workers, stop_workers
 from fedhv.results.rundir import open_nofollow, write_json
+from fedhv.safe_path import safe_child_path
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
 ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
@@ -323,8 +324,9 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     finished: set[str] = set()
 
     def new_pool() -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=init_worker, initargs=(threads, os.getpid()))
+        with safe_child_path():  # its resource tracker starts here; the workers in spawning_workers()
+            return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=init_worker, initargs=(threads, os.getpid()))
 
     pool = new_pool()
     broken: list[Any] = []  # items whose worker pool broke (a worker killed: OOM killer, kill -9)

@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from fedhv.experiment.signals import signals_blocked
+from fedhv.safe_path import safe_child_path
 
 #: Seconds between two checks of the parent's liveness.
 PARENT_POLL_S: float = 0.25
@@ -111,9 +112,13 @@ def spawning_workers() -> contextlib.AbstractContextManager[None]:
     starting up (importing torch, before :func:`init_worker` installed the handlers) stays
     pending and is handled as a stop request, instead of killing it with a traceback. In
     the parent such a signal is delivered when the block ends. Nothing is blocked where
-    the platform has no signal masks (not POSIX).
+    the platform has no signal masks (not POSIX). The workers start with a safe ``sys.path``
+    (:func:`fedhv.safe_path.safe_child_path`): no module of the working directory is imported.
     """
-    return signals_blocked(STOP_SIGNALS)
+    stack = contextlib.ExitStack()
+    stack.enter_context(signals_blocked(STOP_SIGNALS))
+    stack.enter_context(safe_child_path())
+    return stack
 
 
 def init_worker(threads: int, parent_pid: int) -> None:

@@ -58,13 +58,17 @@ from fedhv.flower.follow import Stopped, follow_run, sigterm_raises
 from fedhv.flower.lifetime import MARK, marked, signal_all, sweep
 from fedhv.flower.procs import FlowerRunError, console_script, free_ports, session_children, wait_port
 from fedhv.flower.runconf import app_pyproject, default_out, local_config, resume_config
+from fedhv.safe_path import SAFE_PATH_ENV
 
 __all__ = ["Deployment", "FlowerRunError", "Stopped", "app_pyproject", "default_out", "local_config",
            "local_deployment", "resume_config", "run_local", "sigterm_raises"]
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
             # the SuperLink's SuperExec looks for a run to start every second by default
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
+            # no module of the working directory on any process's sys.path (`python -m` puts it first),
+            # in the processes started here and in those Flower starts (flwr-serverapp, flwr-clientapp)
+            **SAFE_PATH_ENV}
 
 
 def node_threads(nodes: int) -> int:
