@@ -134,6 +134,8 @@ def _tensor_problem(name: str, value: Any, shape: tuple[int, ...]) -> str | None
         if not bool(torch.isfinite(value).all()):
             return f"{name} has non-finite values"
         return None
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "fiu":  # complex, bool, object, text
+        return f"{name} has dtype {value.dtype}"
     arr = _as_array(value)
     if arr is None:
         return f"{name} is not a numeric array ({type(value).__name__})"
