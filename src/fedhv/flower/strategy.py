@@ -90,7 +90,8 @@ class FedHVStrategy(FedAvg):
     """FedHV task weighting over FedAvg's sampling and averaging (see the module docstring).
 
     Every reply is validated before it reaches the model or the weights (:meth:`reply_problem`):
-    one ArrayRecord with exactly the broadcast arrays' names and shapes, all finite; one
+    one ArrayRecord with exactly the broadcast arrays' names and shapes, real numbers (float or
+    integer; the dtype may differ, as an integer buffer comes back from a float mean), all finite; one
     MetricRecord with a report of ``num_tasks`` finite values ``>= 0``, no report above
     ``max_report_ratio`` times the round's lower median of its task
     (:func:`fedhv.algorithms.validation.report_outliers`), ``fedhv-unit`` absent or 1,
@@ -180,13 +181,13 @@ class FedHVStrategy(FedAvg):
         self.skipped: list[tuple[int, str]] = []
         self._phase = "train"
         self._calibration_reports: list[list[float]] = []
-        self._sent: dict[str, tuple[tuple[int, ...], str]] | None = None  # the broadcast arrays: name -> shape, dtype
+        self._sent: dict[str, tuple[int, ...]] | None = None  # the broadcast arrays: name -> shape
 
     # ---------------------------------------------------------------- the round
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         config[WEIGHTS_KEY] = [float(w) for w in self.weights]
-        self._sent = {name: (tuple(a.shape), str(a.dtype)) for name, a in arrays.items()}
+        self._sent = {name: tuple(a.shape) for name, a in arrays.items()}
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -253,11 +254,7 @@ class FedHVStrategy(FedAvg):
             missing, extra = sorted(set(sent) - set(names)), sorted(set(names) - set(sent))
             return f"array names differ from the broadcast ones (missing {missing[:5]}, unexpected {extra[:5]})"
         for name in names:
-            shape, dtype = sent[name]
-            value = arrays[name]
-            if str(value.dtype) != dtype:
-                return f"array {name!r} has dtype {value.dtype}, expected {dtype}"
-            problem = array_problem(f"array {name!r}", value.numpy(), shape)
+            problem = array_problem(f"array {name!r}", arrays[name].numpy(), sent[name])
             if problem is not None:
                 return problem
         return None
