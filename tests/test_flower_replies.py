@@ -162,7 +162,8 @@ def test_a_node_that_reported_no_samples_gets_no_weight_and_is_rejected() -> Non
 
 def hello_node(facts: dict[str, object] | None) -> Callable[[Message], Message]:
     def reply(msg: Message) -> Message:
-        return Message(RecordDict({} if facts is None else {NODE: ConfigRecord(facts)}), reply_to=msg)  # type: ignore[arg-type]
+        records = {} if facts is None else {NODE: ConfigRecord(facts)}  # type: ignore[arg-type]
+        return Message(RecordDict(records), reply_to=msg)
     return reply
 
 
