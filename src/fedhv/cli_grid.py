@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,22 @@ def add_grid_parser(sub: Any) -> None:
     grid.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _check_resources(args: argparse.Namespace, error: type[Exception]) -> None:
+    """Refuse a non-finite or out-of-range ``--cpus-per-run`` / ``--gpus-per-run`` (one line naming the flag,
+    the value and the fix), before anything is planned or started."""
+    for flag, value, low, example in (("--cpus-per-run", args.cpus_per_run, 0.0, "1"),
+                                      ("--gpus-per-run", args.gpus_per_run, None, "0.5")):
+        if not math.isfinite(value) or (low is not None and not value > low) or value < 0:
+            bound = "a finite number > 0" if low is not None else "a finite number >= 0"
+            raise error(f"{flag} {value} must be {bound}, e.g. {flag} {example}")
+
+
 def run_grid_command(args: argparse.Namespace) -> int:
     """``fedhv grid``: plan, then run on the local pool or on Ray; exit 1 when a run failed."""
     from fedhv.cli import UsageError, _csv_list, _method, _quote
     from fedhv.experiment.grid import plan_grid, run_grid
 
+    _check_resources(args, UsageError)
     ray_only = {"--address": args.address, "--num-cpus": args.num_cpus, "--cpus-per-run": args.cpus_per_run != 1.0 or None,
                 "--gpus-per-run": args.gpus_per_run or None, "--storage": args.storage != "auto" or None,
                 "--retries": args.retries != 3 or None}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +31,7 @@ from fedhv.data.partition import dirichlet_partition
 from fedhv.experiment.setup import partition_sizes
 from fedhv.objectives import MultiLabel
 from fedhv.registry import resolve_benchmark
+from fedhv.safe_io import dumps_strict
 
 FORMATS: tuple[str, ...] = ("text", "csv", "json")
 #: Columns of the CSV output.
@@ -245,7 +245,7 @@ def render_csv(r: dict[str, Any]) -> str:
 
 def render_json(r: dict[str, Any]) -> str:
     """The whole report as JSON."""
-    return json.dumps(r, indent=2) + "\n"
+    return dumps_strict(r, indent=2) + "\n"  # strict JSON: a NaN (a client without gradients) is null
 
 
 RENDERERS = {"text": render_text, "csv": render_csv, "json": render_json}

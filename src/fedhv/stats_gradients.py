@@ -30,6 +30,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.diagnostics.theory import task_gradients
 from fedhv.errors import ConfigError
 from fedhv.rng import numpy_rng
+from fedhv.safe_io import open_regular
 
 
 def _load_model(cfg: RunConfig, data: Any, model: str | None) -> tuple[torch.nn.Module, str]:
@@ -42,7 +43,8 @@ def _load_model(cfg: RunConfig, data: Any, model: str | None) -> tuple[torch.nn.
     if path.is_dir():
         path = path / "model.pt"
     try:
-        state = torch.load(path, map_location=cfg.device, weights_only=True)["state_dict"]
+        with open_regular(path, follow=True) as fh:  # a FIFO or a device: one line, never a hang
+            state = torch.load(fh, map_location=cfg.device, weights_only=True)["state_dict"]
         target = getattr(net, "module", net)
         target.load_state_dict(state)
     except (OSError, KeyError, RuntimeError, TypeError) as exc:

@@ -24,6 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from fedhv import safe_io
 from fedhv.config.schema import METHODS, RunConfig
 from fedhv.config.validation import validate
 from fedhv.errors import ConfigError
@@ -82,10 +83,16 @@ def _read_toml(text: str, origin: str) -> dict[str, Any]:
     return data
 
 
+#: Bound on a configuration file (a real one is a few kB).
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _read_text(path: Path, origin: str) -> str:
     """The UTF-8 text of ``path``; unreadable or non-UTF-8 files raise :class:`ConfigError`."""
     try:
-        raw = path.read_bytes()
+        raw = safe_io.read_regular(path, MAX_CONFIG_BYTES, follow=True)  # a FIFO or a device: refused, no hang
+    except safe_io.UnsafeFileError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{origin}: cannot read the file ({exc.strerror or exc}); check the path") from None
     try:

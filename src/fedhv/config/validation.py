@@ -3,6 +3,9 @@ checked without data, each failure one line naming the key, the value and the fi
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from fedhv.config.flower import check_flower
 from fedhv.config.schema import (
     AGGREGATIONS,
@@ -55,6 +58,42 @@ def _validation(v: ValidationConfig) -> None:
         raise ConfigError(f"validation.divergence_rounds = {v.divergence_rounds} must be >= 0 (0 = never stop), e.g. 3")
 
 
+#: Bounds on the values that size memory, checked before any data is loaded (docs/security.md, "Bounds").
+#: ``diagnostics.probe_samples``: indices drawn with replacement (8 bytes each) and one forward/backward
+#: each per diagnosed evaluation; ``train.batch_size`` / ``eval.batch_size``: one batch of inputs and
+#: activations per model copy; ``partition.clients``: per-client arrays (the design's cross-device scale
+#: is 10k-100k clients); ``train.local_steps x train.batch_size``: the per-client batch plan.
+MAX_PROBE_SAMPLES = 1 << 20
+MAX_BATCH_SIZE = 1 << 20
+MAX_CLIENTS = 1_000_000
+MAX_PLAN_SAMPLES = 1 << 24
+
+
+def _at_most(name: str, value: int, bound: int, fix: str) -> None:
+    if value > bound:
+        raise ConfigError(f"{name} = {value} is over fedhv's bound of {bound:,}; {fix}")
+
+
+def _finite_floats(value: object, where: str) -> None:
+    """Refuse any non-finite float (NaN, ±inf) in a config section, at any depth, naming its key.
+
+    The TOML loader refuses them already; this catches a configuration built in Python
+    (``dataclasses.replace``, :mod:`fedhv.methods` objects, ``fedhv.simulate``).
+    """
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} = {value} must be a finite number; give a finite value")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _finite_floats(getattr(value, f.name), f"{where}.{f.name}" if where else f.name)
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _finite_floats(v, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _finite_floats(v, f"{where}.{k}")
+
+
 def _positive(name: str, value: float, fix: str = "") -> None:
     if not value > 0:
         raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
@@ -70,6 +109,7 @@ def validate_partition_keys(cfg: RunConfig) -> None:
     _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
     if p.clients < 1:
         raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
+    _at_most("partition.clients", p.clients, MAX_CLIENTS, "lower it (cross-device runs reach 100,000 clients)")
     if p.samples_per_client < 1:
         raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
     _choice("partition.sizes", p.sizes, SIZES)
@@ -89,6 +129,7 @@ def validate(cfg: RunConfig) -> None:
         Naming the parameter, the value and the fix.
     """
     REGISTERED_METHODS.get(cfg.method)  # one line naming the key, the value, the known methods and the fix
+    _finite_floats(cfg, "")
     _choice("engine", cfg.engine, ENGINES)
     _choice("dtype", cfg.dtype, DTYPES)
     check_device(cfg.device)
@@ -127,6 +168,7 @@ def validate(cfg: RunConfig) -> None:
         )
     if t.batch_size < 1:
         raise ConfigError(f"train.batch_size = {t.batch_size} must be >= 1")
+    _at_most("train.batch_size", t.batch_size, MAX_BATCH_SIZE, "lower it (a batch is at most one client's samples)")
     if t.batch_size > p.samples_per_client and p.sizes == "equal":  # unequal sizes: the small-client rule
         raise ConfigError(
             f"train.batch_size = {t.batch_size} exceeds partition.samples_per_client = "
@@ -134,6 +176,9 @@ def validate(cfg: RunConfig) -> None:
         )
     if t.local_steps < 1:
         raise ConfigError(f"train.local_steps = {t.local_steps} must be >= 1 (K local SGD steps)")
+    if t.local_steps * t.batch_size > MAX_PLAN_SAMPLES:
+        raise ConfigError(f"train.local_steps x train.batch_size = {t.local_steps} x {t.batch_size} is over fedhv's "
+                          f"bound of {MAX_PLAN_SAMPLES:,} samples per client and round; lower one of them")
     if not 0.0 <= t.momentum < 1.0:
         raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
     _choice("train.aggregation", t.aggregation, AGGREGATIONS)
@@ -158,6 +203,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"eval.test_period = {e.test_period} must be >= 0 (0 = final evaluation only)")
     if e.batch_size < 1:
         raise ConfigError(f"eval.batch_size = {e.batch_size} must be >= 1")
+    _at_most("eval.batch_size", e.batch_size, MAX_BATCH_SIZE, "lower it, e.g. 2500")
     for split in e.splits:
         _choice("eval.splits entry", split, ("val", "test"))
     # The summary and the tables report the test metrics: refuse a run that never evaluates them.
@@ -227,6 +273,8 @@ def validate(cfg: RunConfig) -> None:
     dg = cfg.diagnostics
     if dg.probe_samples < 1:
         raise ConfigError(f"diagnostics.probe_samples = {dg.probe_samples} must be >= 1, e.g. 1024")
+    _at_most("diagnostics.probe_samples", dg.probe_samples, MAX_PROBE_SAMPLES,
+             "lower it, e.g. 1024 (the probe is drawn with replacement: more samples than the data adds little)")
     if dg.period < 1:
         raise ConfigError(f"diagnostics.period = {dg.period} must be >= 1 (1 = at every test evaluation)")
     _seed("diagnostics.probe_seed", dg.probe_seed)

@@ -24,7 +24,6 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from fedhv import safe_io
 from fedhv.data.files import cache_root
 
 
@@ -42,25 +42,17 @@ def cache_key(**params: object) -> str:
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write ``path`` atomically and durably through ``write(fh)``.
+    """Write ``path`` atomically and durably through ``write(fh)``
+    (:func:`fedhv.safe_io.write_atomic_with`; a link at ``path`` is replaced, never followed).
 
     Raises
     ------
     OSError
-        When the folder cannot be created or written (the temporary file is removed).
+        When the folder cannot be created or written (the temporary file is removed), or
+        ``path`` is a FIFO, a device or a directory.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    safe_io.write_atomic_with(path, write, replace_link=True, fsync_dir=True)
 
 
 def _is_link(path: Path) -> bool:
@@ -74,20 +66,7 @@ def _is_link(path: Path) -> bool:
 
 def _open_nofollow(path: Path) -> IO[bytes]:
     """``path`` opened for reading with ``O_NOFOLLOW`` (a link planted after the check fails to open)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    return safe_io.open_regular(path)  # O_NOFOLLOW, O_NONBLOCK + fstat: a FIFO or a device is refused at once
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
@@ -195,7 +174,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def write_json(path: Path, value: dict[str, Any]) -> bool:
     """Write a JSON object atomically; ``False`` (no exception) when the folder is not writable."""
-    blob = json.dumps(value, indent=1, sort_keys=True).encode()
+    blob = safe_io.dumps_strict(value, indent=1, sort_keys=True).encode()
 
     def write(fh: IO[bytes]) -> None:
         fh.write(blob)

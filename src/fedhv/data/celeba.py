@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import warnings
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from fedhv.data.files import data_root
+from fedhv.data.files import MAX_IMAGE_BYTES, data_root, read_source
 from fedhv.data.provenance import DigestMemo, SourceRecord, fingerprint_of, relative
 from fedhv.errors import DataError
 
@@ -74,29 +75,37 @@ def _subset_warning(path: Path, rows: int) -> str:
     return f"{path} has {rows} images, not the full CelebA's {FULL_ROWS}; using it as it is"
 
 
-def _check_md5(path: Path, rows: int) -> None:
+def _text(path: Path, root: Path | None) -> str:
+    """UTF-8 text of an annotation file (a regular file under the data root, bounded; ``read_source``)."""
+    try:
+        return read_source(path, root).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"cannot read {path}: not UTF-8 text ({exc.reason}); replace the file") from None
+
+
+def _check_md5(path: Path, rows: int, root: Path | None = None) -> None:
     if rows != FULL_ROWS:
         warnings.warn(_subset_warning(path, rows))
         return
     expected = ANNOTATION_MD5.get(path.name)
     if expected is not None:
-        found = hashlib.md5(path.read_bytes()).hexdigest()
+        found = hashlib.md5(read_source(path, root)).hexdigest()
         if found != expected:
             raise DataError(f"checksum mismatch for {path}: md5 {found}, expected {expected}; replace the file")
 
 
-def read_attributes(root: Path) -> dict[str, np.ndarray]:
-    """``{file name: int8 [40] in {0, 1}}`` from the txt or csv attribute list."""
+def read_attributes(root: Path, data: Path | None = None) -> dict[str, np.ndarray]:
+    """``{file name: int8 [40] in {0, 1}}`` from the txt or csv attribute list (``data``: the data root,
+    the only place a linked list may point into; default ``root``)."""
     txt, csv_path = root / "list_attr_celeba.txt", root / "list_attr_celeba.csv"
     out: dict[str, np.ndarray] = {}
     if txt.is_file():
-        lines = txt.read_text().splitlines()
-        header = lines[1].split()
+        lines = _text(txt, data or root).splitlines()
+        header = lines[1].split() if len(lines) > 1 else []
         rows = [ln.split() for ln in lines[2:] if ln.strip()]
-        _check_md5(txt, len(rows))
+        _check_md5(txt, len(rows), data or root)
     elif csv_path.is_file():
-        with open(csv_path, newline="") as fh:
-            table = list(csv.reader(fh))
+        table = list(csv.reader(io.StringIO(_text(csv_path, data or root), newline="")))
         header, rows = table[0][1:], table[1:]
     else:
         raise DataError(f"{root}: missing list_attr_celeba.txt (or list_attr_celeba.csv)")
@@ -109,15 +118,14 @@ def read_attributes(root: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def read_partition(root: Path) -> dict[str, int]:
+def read_partition(root: Path, data: Path | None = None) -> dict[str, int]:
     """``{file name: 0 train | 1 val | 2 test}``."""
     txt, csv_path = root / "list_eval_partition.txt", root / "list_eval_partition.csv"
     if txt.is_file():
-        rows = [ln.split() for ln in txt.read_text().splitlines() if ln.strip()]
-        _check_md5(txt, len(rows))
+        rows = [ln.split() for ln in _text(txt, data or root).splitlines() if ln.strip()]
+        _check_md5(txt, len(rows), data or root)
     elif csv_path.is_file():
-        with open(csv_path, newline="") as fh:
-            rows = list(csv.reader(fh))[1:]
+        rows = list(csv.reader(io.StringIO(_text(csv_path, data or root), newline="")))[1:]
     else:
         raise DataError(f"{root}: missing list_eval_partition.txt (or list_eval_partition.csv)")
     return {name: int(split) for name, split in rows}
@@ -125,9 +133,10 @@ def read_partition(root: Path) -> dict[str, int]:
 
 def load_celeba(root: str | Path | None = None, size: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """CelebA splits as ``(images uint8 [n, size, size, 3], attributes int8 [n, 40])``."""
-    base = _find_root(data_root(root))
-    attrs = read_attributes(base)
-    parts = read_partition(base)
+    top = data_root(root)
+    base = _find_root(top)
+    attrs = read_attributes(base, top)
+    parts = read_partition(base, top)
     names = sorted(set(attrs) & set(parts))
     if not names:
         raise DataError(f"{base}: no image appears in both the attribute and the partition lists")
@@ -137,8 +146,9 @@ def load_celeba(root: str | Path | None = None, size: int = 32) -> dict[str, tup
         images = np.empty((len(chosen), size, size, 3), dtype=np.uint8)
         for i, name in enumerate(chosen):
             path = base / "img_align_celeba" / name
+            blob = read_source(path, top, MAX_IMAGE_BYTES)  # a FIFO, a device or a link out of the root: refused
             try:
-                with Image.open(path) as img:
+                with Image.open(io.BytesIO(blob)) as img:
                     images[i] = np.asarray(img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR))
             except (OSError, ValueError) as exc:
                 raise DataError(f"{path}: cannot read image ({exc})") from None
@@ -170,10 +180,7 @@ def celeba_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
     partition = next((root / n for n in ANNOTATIONS[2:] if (root / n).is_file()), None)
     rows = None
     if partition is not None:
-        try:
-            lines = [ln for ln in partition.read_text().splitlines() if ln.strip()]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"cannot read {partition}: {exc}; replace the file") from None
+        lines = [ln for ln in _text(partition, base).splitlines() if ln.strip()]
         rows = len(lines) - (1 if partition.suffix == ".csv" else 0)
         if rows != FULL_ROWS:
             warn.append(_subset_warning(partition, rows))
@@ -182,14 +189,14 @@ def celeba_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
         path = root / name
         if not path.is_file():
             continue
-        facts = memo.file(path)
+        facts = memo.file(path, root=base)
         expected = ANNOTATION_MD5.get(name)
         if rows == FULL_ROWS and expected is not None and facts["md5"] != expected:
             raise DataError(f"checksum mismatch for {path}: md5 {facts['md5']}, expected {expected}; replace the file")
         files.append({"path": relative(path, base), "size": facts["size"], "sha256": facts["sha256"]})
         identity.append((name, facts["sha256"]))
     images = root / "img_align_celeba"
-    facts = memo.folder(images, [p for p in images.iterdir() if p.is_file()])
+    facts = memo.folder(images, [p for p in images.iterdir() if p.is_file()], root=base)
     files.append({"path": relative(images, base), "files": facts["files"], "size": facts["size"],
                   "sha256": facts["sha256"]})
     identity.append(("img_align_celeba", facts["sha256"]))

@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from fedhv.data.cache import cache_key, cached_arrays
-from fedhv.data.files import data_root
+from fedhv.data.files import MAX_IMAGE_BYTES, data_root, open_source, read_source
 from fedhv.data.jpeg import decode_rgb
 from fedhv.data.provenance import DigestMemo, SourceRecord, fingerprint_of, relative
 from fedhv.errors import DataError
@@ -72,23 +72,24 @@ def _join(batches: list[Split]) -> Split:
     return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
 
 
-def read_python_batches(folder: Path) -> dict[str, Split]:
-    """Read ``cifar-10-batches-py/``, verifying every batch file's md5."""
+def read_python_batches(folder: Path, root: Path | None = None) -> dict[str, Split]:
+    """Read ``cifar-10-batches-py/``, verifying every batch file's md5 (``root``: the data root, the
+    only place a linked batch may point into; :func:`fedhv.data.files.read_source`)."""
     out: dict[str, list[Split]] = {"train": [], "test": []}
     for name, md5 in BATCH_MD5.items():
         path = folder / name
         if not path.is_file():
             raise DataError(f"{folder}: missing {name}; the folder must hold data_batch_1..5 and test_batch")
-        content = path.read_bytes()
+        content = read_source(path, root if root is not None else folder)
         if _md5(content) != md5:
             raise DataError(f"checksum mismatch for {path}: md5 {_md5(content)}, expected {md5}; replace the file")
         out["test" if name == "test_batch" else "train"].append(_unpickle_batch(content, str(path)))
     return {k: _join(v) for k, v in out.items()}
 
 
-def read_python_archive(path: Path) -> dict[str, Split]:
+def read_python_archive(path: Path, root: Path | None = None) -> dict[str, Split]:
     """Read the batches straight from ``cifar-10-python.tar.gz`` (md5-checked)."""
-    content = path.read_bytes()
+    content = read_source(path, root)
     if _md5(content) != ARCHIVE_MD5:
         raise DataError(f"checksum mismatch for {path}: md5 {_md5(content)}, expected {ARCHIVE_MD5}; "
                         "delete it and download it again")
@@ -139,14 +140,18 @@ def _parse_member(name: str) -> tuple[str, str, str] | None:
     return None
 
 
-def read_image_tar(path: Path) -> dict[str, Split]:
-    """Image-folder layout inside an (uncompressed or compressed) tar archive."""
+def read_image_tar(path: Path, root: Path | None = None) -> dict[str, Split]:
+    """Image-folder layout inside an (uncompressed or compressed) tar archive (each image member
+    bounded by :data:`~fedhv.data.files.MAX_IMAGE_BYTES`)."""
     try:
-        with tarfile.open(path) as tar:
+        with open_source(path, root) as fh, tarfile.open(fileobj=fh) as tar:
             members = {}
             for m in tar.getmembers():
                 key = _parse_member(m.name) if m.isfile() else None
                 if key is not None:
+                    if m.size > MAX_IMAGE_BYTES:
+                        raise DataError(f"{path}:{m.name} is {m.size:,} bytes, over fedhv's bound of "
+                                        f"{MAX_IMAGE_BYTES:,} bytes for one image; this is not a CIFAR-10 image")
                     members[key] = m
             entries = sorted(members)
             return _from_entries(entries, lambda e: tar.extractfile(members[e]).read(), str(path))  # type: ignore[union-attr]
@@ -165,10 +170,13 @@ def _folder_entries(folder: Path) -> list[tuple[str, str, str]]:
     )
 
 
-def read_image_folder(folder: Path) -> dict[str, Split]:
-    """Image-folder layout ``train/<class>/*`` + ``test/<class>/*`` on disk."""
+def read_image_folder(folder: Path, root: Path | None = None) -> dict[str, Split]:
+    """Image-folder layout ``train/<class>/*`` + ``test/<class>/*`` on disk (regular files of at most
+    :data:`~fedhv.data.files.MAX_IMAGE_BYTES` each; a link only into ``root``)."""
     entries = _folder_entries(folder)
-    return _from_entries(entries, lambda e: (folder / e[0] / e[1] / e[2]).read_bytes(), str(folder))
+    inside = root if root is not None else folder
+    return _from_entries(entries, lambda e: read_source(folder / e[0] / e[1] / e[2], inside, MAX_IMAGE_BYTES),
+                         str(folder))
 
 
 def _locate(base: Path) -> tuple[str, Path] | None:
@@ -210,7 +218,7 @@ def cifar_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
             file = path / name if kind == "batches" else path
             if not file.is_file():
                 raise DataError(f"{path}: missing {name}; the folder must hold data_batch_1..5 and test_batch")
-            facts = memo.file(file)
+            facts = memo.file(file, root=base)
             if facts["md5"] != md5:
                 raise DataError(f"checksum mismatch for {file}: md5 {facts['md5']}, expected {md5}; replace the file")
             files.append({"path": relative(file, base), "size": facts["size"], "sha256": facts["sha256"],
@@ -218,12 +226,12 @@ def cifar_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
         identity: tuple[object, ...] = ("CIFAR-10", "canonical")
     elif kind == "folder":
         images = [path / s / c / n for s, c, n in _folder_entries(path)]
-        facts = memo.folder(path, images)
+        facts = memo.folder(path, images, root=base)
         files.append({"path": relative(path, base), "files": facts["files"], "size": facts["size"],
                       "sha256": facts["sha256"]})
         identity = ("CIFAR-10", "folder", facts["sha256"])
     else:
-        facts = memo.file(path)
+        facts = memo.file(path, root=base)
         files.append({"path": relative(path, base), "size": facts["size"], "sha256": facts["sha256"]})
         identity = ("CIFAR-10", "tar", facts["sha256"])
     return SourceRecord("CIFAR-10", str(base.resolve()), tuple(files), fingerprint_of(identity))
@@ -243,15 +251,15 @@ def load_cifar10(root: str | Path | None = None, download: bool = True) -> dict[
     if found is not None:
         kind, path = found
         if kind == "batches":
-            return read_python_batches(path)
+            return read_python_batches(path, base)
         if kind == "archive":
-            return read_python_archive(path)
+            return read_python_archive(path, base)
         memo = DigestMemo()
         record = cifar_source(base, memo)
         memo.save()
         assert record is not None
         reader = read_image_folder if kind == "folder" else read_image_tar
-        return _cached(kind, record.fingerprint, functools.partial(reader, path))
+        return _cached(kind, record.fingerprint, functools.partial(reader, path, base))
     if download:
         from fedhv.data.files import _download
 
@@ -264,7 +272,7 @@ def load_cifar10(root: str | Path | None = None, download: bool = True) -> dict[
                 f"cifar-10-batches-py/ or {ARCHIVE} there, or an image folder cifar10/train/<class>/ + "
                 "cifar10/test/<class>/ (or a .tar of it in cifar10-jpg/)"
             ) from None
-        return read_python_archive(target)
+        return read_python_archive(target, base)
     raise DataError(
         f"CIFAR-10 not found under {base}: expected cifar-10-batches-py/, {ARCHIVE}, cifar10/train/<class>/ "
         "image folders or a .tar of them in cifar10-jpg/; or allow downloading (data.download = true)"

@@ -8,16 +8,18 @@ file) is accepted and a corrupted file is named in the error.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import shutil
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from fedhv import safe_io
 from fedhv.errors import DataError
 
 DEFAULT_ROOT = Path("~/.cache/fedhv/data")
@@ -70,20 +72,56 @@ def find_file(root: Path, ds: SourceDataset, f: SourceFile) -> Path | None:
     return None
 
 
-def read_bytes(path: Path) -> bytes:
-    """File content, transparently gunzipped when the name ends in ``.gz``."""
+#: Bound on one source file (an archive, an annotation list, an IDX file, also decompressed): the largest
+#: canonical one, CIFAR-10's 163 MB archive, with room to spare.
+MAX_SOURCE_BYTES = 1 << 30
+#: Bound on one image file of an image-folder layout (a CIFAR-10 JPEG is ~1 kB, a CelebA one ~10 kB).
+MAX_IMAGE_BYTES = 16 << 20
+
+
+def source_error(path: Path, exc: BaseException) -> DataError:
+    """The one-line :class:`DataError` for a source file fedhv refused or could not read."""
+    if isinstance(exc, safe_io.UnsafeFileError):
+        return DataError(str(exc))
+    return DataError(f"cannot read {path}: {exc}; delete it and download or copy it again")
+
+
+def read_source(path: Path, root: Path | None, max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` under the data root ``root``, at most ``max_bytes``.
+
+    A symbolic link is followed only when it resolves inside ``root`` (or its own folder); a
+    FIFO, a device, a link out of the root or a larger file is a :class:`DataError` naming
+    the file (:mod:`fedhv.safe_io`), never a hang or an unbounded read.
+    """
+    try:
+        return safe_io.read_regular(path, max_bytes, follow=True, root=root if root is not None else path.parent)
+    except OSError as exc:
+        raise source_error(path, exc) from None
+
+
+def open_source(path: Path, root: Path | None) -> BinaryIO:
+    """``path`` opened for reading under the rules of :func:`read_source` (no size bound: stream it)."""
+    try:
+        return safe_io.open_regular(path, follow=True, root=root if root is not None else path.parent)
+    except OSError as exc:
+        raise source_error(path, exc) from None
+
+
+def read_bytes(path: Path, root: Path | None = None) -> bytes:
+    """File content, transparently gunzipped when the name ends in ``.gz`` (both bounded by
+    :data:`MAX_SOURCE_BYTES`; see :func:`read_source` for the files refused)."""
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rb") as fh:
-                return fh.read()
-        return path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise DataError(f"cannot read {path}: {exc}; delete it and download or copy it again") from None
+            return safe_io.gunzip_regular(path, MAX_SOURCE_BYTES, follow=True,
+                                          root=root if root is not None else path.parent)
+        return read_source(path, root)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise source_error(path, exc) from None
 
 
-def verified_bytes(path: Path, f: SourceFile) -> bytes:
+def verified_bytes(path: Path, f: SourceFile, root: Path | None = None) -> bytes:
     """Decompressed content of ``path``, checked against the published md5."""
-    content = read_bytes(path)
+    content = read_bytes(path, root)
     found = hashlib.md5(content).hexdigest()
     if found != f.md5:
         raise checksum_error(path, f, found)

@@ -87,7 +87,7 @@ def load_idx_dataset(
     paths = ensure_files(base, ds, download)
     arrays: dict[str, np.ndarray] = {}
     for f in ds.files:
-        arrays[f.name] = parse_idx(verified_bytes(paths[f.name], f), str(paths[f.name]))
+        arrays[f.name] = parse_idx(verified_bytes(paths[f.name], f, base), str(paths[f.name]))
     out = {}
     for split, prefix in (("train", "train"), ("test", "t10k")):
         images = arrays[f"{prefix}-images-idx3-ubyte"]
@@ -117,7 +117,7 @@ def idx_source(ds: SourceDataset, root: Path, memo: DigestMemo) -> SourceRecord 
         if path is None:
             complete = False
             continue
-        facts = memo.file(path, gunzip=path.suffix == ".gz")
+        facts = memo.file(path, gunzip=path.suffix == ".gz", root=root)
         content_md5 = facts.get("md5_gunzip", facts["md5"])
         if content_md5 != f.md5:
             raise checksum_error(path, f, content_md5)

@@ -21,13 +21,13 @@ client ``K``), which is also how to prepare files for a test deployment.
 from __future__ import annotations
 
 import hashlib
-import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedhv import safe_io
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData, to_tensor_images
 from fedhv.errors import FedHVError
@@ -44,7 +44,7 @@ class NodeDataError(FedHVError):
 def file_sha256(path: str | Path) -> str:
     """SHA-256 of a file's bytes (names the data a node served, in logs and run records)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with safe_io.open_regular(path, follow=True) as f:  # a FIFO or a device: one line, never a hang
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -71,10 +71,12 @@ def export_partition(cfg: RunConfig, client: int, path: str | Path) -> Path:
     own = parts[client]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez(tmp, x=bench.train_x[own], y=bench.train_y[own], benchmark=np.array(cfg.data.benchmark),
-             format=np.array(FORMAT))
-    os.replace(tmp, out)
+    arrays = {"x": bench.train_x[own], "y": bench.train_y[own], "benchmark": np.array(cfg.data.benchmark),
+              "format": np.array(FORMAT)}
+    try:  # an exclusive temporary file under an unpredictable name, renamed over ``out`` (never through a link)
+        safe_io.write_atomic_with(out, lambda fh: np.savez(fh, **arrays))
+    except safe_io.UnsafeFileError as exc:
+        raise NodeDataError(str(exc)) from None
     return out
 
 
@@ -83,7 +85,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
         raise NodeDataError(f"node-config data-path = {str(path)!r} is not a file; give the path of this node's "
                             ".npz data file (see `fedhv flower export`)")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with safe_io.open_regular(path, follow=True) as fh, np.load(fh, allow_pickle=False) as z:
             if "x" not in z.files or "y" not in z.files:
                 raise NodeDataError(f"node data file {str(path)!r} holds {sorted(z.files)}; it needs arrays 'x' "
                                     "(uint8 images) and 'y' (integer labels)")
@@ -91,6 +93,8 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
             return np.asarray(z["x"]), np.asarray(z["y"]), meta
     except NodeDataError:
         raise
+    except safe_io.UnsafeFileError as exc:
+        raise NodeDataError(f"node-config data-path: {exc}") from None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:  # truncated, bit-flipped, empty
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise NodeDataError(f"node data file {str(path)!r} is not a readable .npz archive ({why}); write it again "

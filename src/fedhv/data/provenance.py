@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from fedhv.data.cache import read_json, write_json
-from fedhv.data.files import cache_root
+from fedhv.data.files import (
+    MAX_IMAGE_BYTES,
+    MAX_SOURCE_BYTES,
+    cache_root,
+    open_source,
+    read_source,
+    source_error,
+)
 from fedhv.errors import DataError
+from fedhv.safe_io import too_large
 
 MEMO_FILE = "source-digests.json"
 RACY_SECONDS = 2.0
@@ -99,14 +107,16 @@ class DigestMemo:
         self._entries: dict[str, dict[str, Any]] = {k: v for k, v in entries.items() if isinstance(v, dict)}
         self._new: dict[str, dict[str, Any]] = {}
 
-    def file(self, path: Path, gunzip: bool = False) -> dict[str, Any]:
+    def file(self, path: Path, gunzip: bool = False, root: Path | None = None) -> dict[str, Any]:
         """``{"size", "sha256", "md5"}`` of the file's bytes, plus ``"md5_gunzip"`` (md5 of the
         decompressed content) when ``gunzip``.
 
         Raises
         ------
         DataError
-            When the file cannot be read or (``gunzip``) is not a valid gzip stream.
+            When the file cannot be read or (``gunzip``) is not a valid gzip stream, or is
+            refused (:func:`fedhv.data.files.read_source`: a FIFO, a device, a link out of
+            ``root``, decompressed content over :data:`~fedhv.data.files.MAX_SOURCE_BYTES`).
         """
         st = _stat(path)
         key = str(path.resolve())
@@ -117,24 +127,31 @@ class DigestMemo:
             return {k: entry[k] for k in ("size",) + wanted}
         sha, md5 = hashlib.sha256(), hashlib.md5()
         try:
-            with open(path, "rb") as fh:
+            size = 0
+            with open_source(path, root) as fh:  # regular files only, links inside the root only
                 for chunk in iter(lambda: fh.read(_CHUNK), b""):
                     sha.update(chunk)
                     md5.update(chunk)
+                    size += len(chunk)
+                    if size > MAX_SOURCE_BYTES:
+                        raise too_large(path, MAX_SOURCE_BYTES)
             new: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                    "sha256": sha.hexdigest(), "md5": md5.hexdigest()}
             if gunzip:
-                content = hashlib.md5()
-                with gzip.open(path, "rb") as gz:
+                content, size = hashlib.md5(), 0
+                with open_source(path, root) as fh, gzip.GzipFile(fileobj=fh, mode="rb") as gz:
                     for chunk in iter(lambda: gz.read(_CHUNK), b""):
                         content.update(chunk)
+                        size += len(chunk)
+                        if size > MAX_SOURCE_BYTES:
+                            raise too_large(path, MAX_SOURCE_BYTES, " decompressed")
                 new["md5_gunzip"] = content.hexdigest()
         except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"cannot read {path}: {exc}; delete it and download or copy it again") from None
+            raise source_error(path, exc) from None
         self._remember(key, new, st.st_mtime_ns)
         return {k: new[k] for k in ("size",) + wanted}
 
-    def folder(self, folder: Path, files: list[Path]) -> dict[str, Any]:
+    def folder(self, folder: Path, files: list[Path], root: Path | None = None) -> dict[str, Any]:
         """``{"files": count, "size": total bytes, "sha256": combined digest}`` of ``files``.
 
         The combined digest is the sha256 over the sorted ``relative path NUL sha256(file)``
@@ -148,10 +165,9 @@ class DigestMemo:
             return {k: entry[k] for k in ("files", "size", "sha256")}
         combined = hashlib.sha256()
         for rel, _ in stats:
-            try:
-                digest = hashlib.sha256((folder / rel).read_bytes()).hexdigest()
-            except OSError as exc:
-                raise DataError(f"cannot read {folder / rel}: {exc}; replace the file") from None
+            # Each image bounded by MAX_IMAGE_BYTES; a FIFO, a device or a link out of the root is refused by name.
+            digest = hashlib.sha256(read_source(folder / rel, root if root is not None else folder,
+                                                MAX_IMAGE_BYTES)).hexdigest()
             combined.update(f"{rel}\0{digest}\n".encode())
         new = {"listing": listing.hexdigest(), "files": len(stats), "size": sum(s.st_size for _, s in stats),
                "sha256": combined.hexdigest()}

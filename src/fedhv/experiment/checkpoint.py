@@ -41,6 +41,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from fedhv import safe_io
 from fedhv.algorithms.fedcmoo import FedCMOOState
 from fedhv.algorithms.fedhv import FedHVState
 from fedhv.algorithms.fsmgda import FSMGDAState
@@ -294,7 +295,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
     try:
         with warnings.catch_warnings():  # a damaged file may warn first; the error or digest check decides
             warnings.simplefilter("ignore")
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            with safe_io.open_regular(path) as fh:  # a link, a FIFO or a device: refused by name, never a hang
+                payload = torch.load(fh, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"(?i)unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc))
         what = f" (it references {found.group(1)})" if found else ""
@@ -302,6 +304,8 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
             f"{path} holds more than plain data{what} and was not loaded: fedhv checkpoints contain only "
             f"tensors, numbers, strings, lists and dicts (older fedhv versions wrote pickles, refused too); {_DELETE}"
         ) from None
+    except safe_io.UnsafeFileError as exc:
+        raise ResumeError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported the same way
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise ResumeError(f"{path} cannot be read ({type(exc).__name__}: {reason}); {_DELETE}") from None
@@ -428,7 +432,11 @@ def truncate_jsonl(path: Path, offset: int) -> Repair:
     path = Path(path)
     if path.is_symlink():
         raise ResumeError(f"{path} is a symbolic link; fedhv never follows links in a run directory: remove it")
-    data = path.read_bytes() if path.exists() else b""
+    try:
+        safe_io.unshare(path)  # a hard-linked file becomes a private copy: the other names keep their content
+        data = safe_io.read_regular(path) if path.exists() else b""  # a FIFO or a device: refused, never a hang
+    except safe_io.UnsafeFileError as exc:
+        raise ResumeError(str(exc)) from None
     if len(data) < offset:
         raise ResumeError(
             f"{path} has {len(data)} bytes but the checkpoint expects at least {offset}; the file was "
@@ -450,6 +458,7 @@ def truncate_jsonl(path: Path, offset: int) -> Repair:
     if rest:
         fd = open_nofollow(path, os.O_RDWR)
         try:
+            safe_io.refuse_shared(fd, path)
             os.ftruncate(fd, offset)
             os.fsync(fd)
         finally:

@@ -65,7 +65,23 @@ def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray | list[np.ndarray]]
     p = cfg.partition
     strata = bench.strata(p.strata)
     parts = dirichlet_partition(strata, p.clients, partition_sizes(cfg, len(strata)), p.alpha, p.seed)
+    check_batch_size(cfg, max((len(part) for part in parts), default=0))
     return bench, parts
+
+
+def check_batch_size(cfg: RunConfig, largest: int) -> None:
+    """Refuse ``train.batch_size`` above the largest client's sample count (one line, before any training).
+
+    With equal sizes :func:`fedhv.config.validation.validate` compares it with
+    ``partition.samples_per_client``; with unequal sizes only the partition knows the largest
+    client, and a batch larger than every client would only size memory (the batch plan is
+    ``[local_steps, batch_size]`` per client whatever the client holds).
+    """
+    if cfg.train.batch_size > largest:
+        raise ConfigError(
+            f"train.batch_size = {cfg.train.batch_size} exceeds the largest client's {largest} samples "
+            f"(partition.sizes = {cfg.partition.sizes!r}); lower train.batch_size to at most {largest}"
+        )
 
 
 def federated_data(cfg: RunConfig) -> FederatedData:

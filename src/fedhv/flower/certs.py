@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from fedhv import safe_io
+
 VALID_DAYS = 30
 
 
@@ -41,9 +43,9 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.write_bytes(data)
-    if private:
-        path.chmod(0o600)
+    # An exclusive temporary file renamed over ``path``: never through a planted link, and a private key is
+    # 0o600 from its first byte on.
+    safe_io.write_atomic_bytes(path, data, mode=0o600 if private else None)
 
 
 def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:

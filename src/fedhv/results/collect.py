@@ -24,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from fedhv import safe_io
 from fedhv.results.pooling import PooledRunsError, label_configurations  # noqa: F401 - re-exported
 
 if sys.version_info >= (3, 11):
@@ -206,6 +207,13 @@ LIST_FIELDS: tuple[str, ...] = ("task_acc", "task_loss", "weights", "reference")
 TABLE_FIELDS: tuple[str, ...] = ("calibration", "end_to_end")
 
 
+#: ``diagnostics`` values the tables and figures read as one number (each may be ``null``).
+DIAGNOSTICS_SCALARS: tuple[str, ...] = (
+    "grad_phi_sq", "grad_phi_sq_avg", "pareto_residual", "min_slack", "slack_bound_run", "phi_max", "report_error",
+    "stale_weight_error", "probe_samples", "seconds",
+)
+
+
 def _is_number(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
@@ -271,8 +279,58 @@ def _record_problem(record: Any) -> str | None:
 
 
 def _read_text(path: Path) -> str:
-    """UTF-8 text of ``path`` (``UnicodeDecodeError`` / ``OSError`` propagate)."""
-    return path.read_bytes().decode("utf-8")
+    """UTF-8 text of the regular file ``path`` (``UnicodeDecodeError`` / ``OSError`` propagate; a link,
+    a FIFO, a device or a file over :data:`fedhv.safe_io.MAX_FILE_BYTES` is an ``OSError`` naming it)."""
+    return safe_io.read_regular(path).decode("utf-8")
+
+
+def _numeric_tree(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is a number / null, or a list / object of such values (nested at most 4 deep)."""
+    if _is_number(value):
+        return True
+    if depth >= 4:
+        return False
+    if isinstance(value, list):
+        return all(_numeric_tree(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_numeric_tree(v, depth + 1) for v in value.values())
+    return False
+
+
+def _diagnostics_problem(diag: Any) -> str | None:
+    """Why a record's ``diagnostics`` value cannot be read (the first bad key), or None.
+
+    Every value must be a number or ``null`` (``at_round``: an integer), or a list / object
+    of them; ``clients.score`` a list of objects (one per task).
+    """
+    if not isinstance(diag, dict):
+        return "is not a JSON object"
+    for key, value in diag.items():
+        if key == "at_round":
+            if not (value is None or (isinstance(value, int) and not isinstance(value, bool))):
+                return "'at_round' is not an integer"
+        elif key == "clients":
+            if not (isinstance(value, dict) and _numeric_tree(value)):
+                return "'clients' is not an object of numbers"
+            score = value.get("score")
+            if score is not None and not (isinstance(score, list) and all(isinstance(v, dict) for v in score)):
+                return "'clients.score' is not a list of objects"
+        elif key in DIAGNOSTICS_SCALARS:
+            if not _is_number(value):
+                return f"{key!r} is not a number"
+        elif not _numeric_tree(value):
+            return f"{key!r} is not a number or a list of numbers"
+    return None
+
+
+def _clean_diagnostics(record: dict[str, Any], path: Path, number: int) -> None:
+    """Drop a malformed ``diagnostics`` value from ``record`` (one warning; the rest of the line is kept)."""
+    if "diagnostics" not in record or record["diagnostics"] is None:
+        return
+    problem = _diagnostics_problem(record["diagnostics"])
+    if problem is not None:
+        log.warning(f"skipped the diagnostics of {path} line {number}: diagnostics {problem}")
+        del record["diagnostics"]
 
 
 def _reason(exc: BaseException) -> str:
@@ -297,10 +355,10 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     or a read field of the wrong type) is skipped with one warning naming the file and the
     1-based line number; the lines after it are kept. A missing file has no records.
     """
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
     try:
-        raw = path.read_bytes()
+        raw = safe_io.read_regular(path)
     except OSError as exc:
         log.warning(f"skipped {path}: {_reason(exc)}")
         return []
@@ -319,6 +377,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         if problem is not None:
             log.warning(f"skipped {path} line {number}: {problem}")
             continue
+        _clean_diagnostics(record, path, number)
         records.append(record)
     return records
 

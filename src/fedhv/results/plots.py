@@ -24,6 +24,7 @@ matplotlib is an optional dependency (``pip install 'fedhv[plot]'``); without it
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fedhv import safe_io
 from fedhv.errors import FedHVError
 from fedhv.results.collect import (
     Run,
@@ -166,7 +168,9 @@ def _save(fig: Any, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
     files = []
     for fmt in formats:
         path = out / f"{stem}.{fmt}"
-        fig.savefig(path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt)
+        safe_io.write_atomic_bytes(path, buf.getvalue())  # never through a link planted in the folder
         files.append(path)
     _plt().close(fig)
     return files

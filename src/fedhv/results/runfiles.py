@@ -6,14 +6,14 @@ directory on them (and re-exports them)."""
 from __future__ import annotations
 
 import errno
+import io
 import json
-import math
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fedhv import safe_io
 from fedhv.errors import FedHVError
 
 
@@ -54,41 +54,13 @@ def io_error(path: Path, exc: OSError, doing: str = "write") -> RunDirError:
 # --------------------------------------------------------------------------- modes and strict JSON
 
 
-def _umask() -> int:
-    """The process umask, read without changing it where ``/proc`` allows."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def file_mode() -> int:
     """Mode of a newly created run file, ``0o666 & ~umask`` (what ``open()`` gives)."""
-    return 0o666 & ~_umask()
+    return safe_io.new_file_mode()
 
 
-def finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf), at any depth, replaced by ``None``.
-
-    Tuples become lists; other values are returned unchanged.
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
-
-
-def dumps_strict(data: Any, **kwargs: Any) -> str:
-    """``json.dumps`` of :func:`finite_json` ``(data)`` with ``allow_nan=False`` (strict JSON)."""
-    return json.dumps(finite_json(data), allow_nan=False, **kwargs)
+finite_json = safe_io.finite_json
+dumps_strict = safe_io.dumps_strict
 
 
 # --------------------------------------------------------------------------- writers
@@ -97,28 +69,20 @@ def dumps_strict(data: Any, **kwargs: Any) -> str:
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a temporary file next to ``path``, fsync it and rename it to ``path``.
 
-    A kill at any moment leaves either the old file or the complete new one. The new
-    file gets the mode of any other new file (``0o666 & ~umask``; ``mkstemp`` alone
-    would give ``0o600``). An ``OSError`` (disk full, read-only file system, ...)
-    becomes a one-line :class:`RunDirError` naming ``path``; the old file is kept.
+    :func:`fedhv.safe_io.write_atomic_with` (an exclusive temporary file under an
+    unpredictable name; a destination that is a link, a FIFO or a device is refused). A kill
+    at any moment leaves either the old file or the complete new one. The new file gets the
+    mode of any other new file (``0o666 & ~umask``). An ``OSError`` (disk full, read-only
+    file system, ...) becomes a one-line :class:`RunDirError` naming ``path``; the old file
+    is kept.
     """
     path = Path(path)
-    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), file_mode())
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        safe_io.write_atomic_with(path, write)
     except FedHVError:
         raise
     except OSError as exc:
         raise io_error(path, exc) from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -142,9 +106,15 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         try:
+            safe_io.unshare(self.path)  # a hard-linked file (a cp -al backup) becomes a private copy first
             fd = open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                safe_io.refuse_shared(fd, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
             self._fh = os.fdopen(fd, "a", encoding="utf-8")  # kept open for the run's lifetime
-        except RunDirError:
+        except FedHVError:
             raise
         except OSError as exc:
             raise io_error(self.path, exc, "open") from None
@@ -168,9 +138,12 @@ class JsonlWriter:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """All complete records of a JSON-lines file (a torn last line is skipped)."""
     records: list[dict[str, Any]] = []
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return records
-    with open(path, encoding="utf-8") as fh:
+    with safe_io.open_regular(path) as raw:  # a link, a FIFO or a device: one line naming it, never a hang
+        if os.fstat(raw.fileno()).st_size > safe_io.MAX_FILE_BYTES:
+            raise safe_io.too_large(Path(path), safe_io.MAX_FILE_BYTES)
+        fh = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
         for line in fh:
             line = line.strip()
             if not line:
@@ -200,6 +173,7 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o666) -> int:
 def read_bytes_nofollow(path: Path) -> bytes:
     """The bytes of ``path``, opened with ``O_NOFOLLOW``: a symbolic link is a :class:`RunDirError`
     naming it (an ``OSError`` such as ``FileNotFoundError`` passes through)."""
-    fd = open_nofollow(Path(path), os.O_RDONLY)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
+    try:
+        return safe_io.read_regular(path)
+    except safe_io.UnsafeFileError as exc:
+        raise RunDirError(str(exc)) from None

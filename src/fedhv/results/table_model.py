@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedhv import safe_io
 from fedhv.results.collect import Stat
 
 
@@ -240,7 +241,8 @@ def write_tables(tables: Sequence[Table], fmt: str, out: str | Path) -> list[Pat
     files = []
     for key, members in by_key.items():
         path = folder / f"table{key}.{EXTENSIONS[fmt]}"
-        path.write_text(render(members, fmt), encoding="utf-8")
+        # Exclusive temporary file + rename: a link or FIFO planted in the folder is refused, never written through.
+        safe_io.write_atomic_bytes(path, render(members, fmt).encode("utf-8"))
         files.append(path)
     return files
 
