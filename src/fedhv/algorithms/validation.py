@@ -159,10 +159,11 @@ def count_problem(value: Any, name: str, minimum: int, maximum: int) -> str | No
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return f"{name} = {value!r} is not an integer"
-    if not np.isfinite(value) or float(value) != int(value):
+    if isinstance(value, (float, np.floating)) and (not np.isfinite(value) or float(value) != int(value)):
         return f"{name} = {value!r} is not an integer"
     if not minimum <= int(value) <= maximum:
-        return f"{name} = {int(value)} is outside [{minimum}, {maximum}]"
+        shown = f"{float(value):g}" if isinstance(value, (float, np.floating)) else str(int(value))
+        return f"{name} = {shown} is outside [{minimum}, {maximum}]"
     return None
 
 
