@@ -127,3 +127,145 @@ def test_flower_local_watchdog_imports_nothing_from_the_working_directory(tmp_pa
     finally:
         dep.watchdog.terminate()
         dep.watchdog.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------- item: received runs and their code
+
+BENCH_CONFIG = """setting = "{name}"
+method = "uniform"
+rounds = 2
+dtype = "float64"
+[data]
+benchmark = "{name}:make_benchmark"
+[partition]
+clients = 3
+samples_per_client = 60
+[train]
+clients_per_round = 2
+batch_size = 8
+local_steps = 2
+[eval]
+test_period = 1
+[lr.uniform]
+global = 1.0
+local = 0.05
+"""
+#: Marks every import of the module (file ``IMPORTED-<module>-<pid>`` next to it).
+IMPORT_MARK = ('import os as _os\nopen(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), '
+               '"IMPORTED-%s-%d" % (__name__, _os.getpid())), "w").close()\n')
+
+
+def user_module(folder: Path, name: str) -> Path:
+    """``folder/<name>.py``: tests/bn_benchmark.py's benchmark, marking each import of it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = (Path(__file__).parent / "bn_benchmark.py").read_text()
+    path = folder / f"{name}.py"
+    path.write_text(source.replace("from __future__ import annotations\n",
+                                   "from __future__ import annotations\n\n" + IMPORT_MARK, 1))
+    return path
+
+
+def imported(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("IMPORTED-*"))
+
+
+def _forget(name: str) -> None:
+    sys.modules.pop(name, None)
+    from fedhv.data import user
+
+    for key in [k for k in user._LOADED if k[0].startswith(f"{name}:")]:
+        del user._LOADED[key]
+
+
+@pytest.fixture()
+def user_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A finished-then-reopened run of a ``module:attr`` benchmark (summary.json and model.pt removed, so
+    it resumes from its last checkpoint): ``(run dir, module file, module name)``."""
+    from helpers import cli
+
+    name = f"trust_bench_{uuid.uuid4().hex[:8]}"
+    code = tmp_path / "code"
+    module = user_module(code, name)
+    monkeypatch.syspath_prepend(str(code))
+    setting = tmp_path / f"{name}.toml"
+    setting.write_text(BENCH_CONFIG.format(name=name))
+    out = tmp_path / "run"
+    done = cli("run", str(setting), "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for gone in ("summary.json", "model.pt"):
+        (out / gone).unlink()
+    _forget(name)
+    try:
+        yield out, module, name
+    finally:
+        _forget(name)
+
+
+def test_a_run_records_the_digest_of_the_code_its_benchmark_names(user_run: tuple[Path, Path, str]) -> None:
+    import hashlib
+    import json
+
+    out, module, name = user_run
+    code = json.loads((out / "environment.json").read_text())["code"]
+    assert code["module"] == name and code["file"] == str(module) and code["scope"] == "module"
+    assert code["sha256"] == hashlib.sha256(f"{module.name}\0{hashlib.sha256(module.read_bytes()).hexdigest()}\n"
+                                            .encode()).hexdigest()
+
+
+def test_resume_names_the_module_and_file_it_imports(user_run: tuple[Path, Path, str]) -> None:
+    from helpers import cli
+
+    out, module, name = user_run
+    done = cli("run", "--resume", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "importing module" in line]
+    assert len(lines) == 1 and repr(name) in lines[0] and str(module) in lines[0], done.stderr
+    assert (out / "summary.json").is_file()
+
+
+def test_resume_refuses_a_module_that_changed_since_the_run_began(user_run: tuple[Path, Path, str]) -> None:
+    """The module's file changed after the run began: ``fedhv run --resume`` (a real process) stops
+    with one line naming the module, its file and the override, before importing it; with
+    ``--accept-changed-code`` it resumes, saying so."""
+    from helpers import cli
+
+    out, module, name = user_run
+    module.write_text(module.read_text().replace("manual_seed(0)", "manual_seed(1)"))  # other data
+    for stale in module.parent.glob("IMPORTED-*"):
+        stale.unlink()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(module.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "fedhv.cli", "run", "--resume", str(out), "--quiet"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"module {name!r} ({module})" in last and "changed since the run began" in last, last
+    assert "--accept-changed-code" in last
+    assert imported(module.parent) == [], "the changed module was imported before the refusal"
+    assert not (out / "summary.json").exists()
+    done = cli("run", "--resume", str(out), "--quiet", "--accept-changed-code")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming anyway (--accept-changed-code)" in done.stderr
+    assert (out / "summary.json").is_file()
+
+
+def test_inspection_commands_import_no_code_a_received_run_names(user_run: tuple[Path, Path, str],
+                                                                  tmp_path: Path) -> None:
+    """``fedhv show-config`` of the run's ``config.toml``, ``fedhv table`` and ``fedhv plot`` of its
+    folder: the module is never imported (show-config names it instead)."""
+    from helpers import cli
+
+    out, module, name = user_run
+    done = cli("run", "--resume", str(out), "--quiet")  # finished again, so table / plot read it
+    assert done.returncode == 0, done.stderr[-2000:]
+    _forget(name)
+    for stale in module.parent.glob("IMPORTED-*"):
+        stale.unlink()
+    shown = cli("show-config", str(out / "config.toml"))
+    assert shown.returncode == 0, shown.stderr
+    assert f'benchmark = "{name}:make_benchmark"' in shown.stdout
+    assert f"names code (module {name!r}); show-config does not import it" in shown.stderr
+    table = cli("table", str(out.parent), "--table", "1", "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    figures = cli("plot", str(out.parent), "--out", str(tmp_path / "figures"), "--formats", "png")
+    assert figures.returncode == 0, figures.stderr
+    assert imported(module.parent) == [] and name not in sys.modules

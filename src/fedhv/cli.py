@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true",
                      help="replace the finished run in --out (an unfinished one is never replaced)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--accept-changed-code", action="store_true",
+                     help="with --resume: resume even when the module data.benchmark names changed since the run "
+                     "began (the run then mixes two versions of that code)")
     stats = sub.add_parser("partition-stats", help="per-client label statistics and heterogeneity of a setting's "
                            "partition (validates only the partition keys)")
     _common(stats)
@@ -92,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--node-data", metavar="DIR", help="SuperNode K serves its own samples from DIR/client-K.npz "
                        "(written by `fedhv flower export`) instead of partition K of the setting")
     local.add_argument("--quiet", action="store_true", help="no progress bar")
+    local.add_argument("--accept-changed-code", action="store_true",
+                       help="with --resume: resume even when the module data.benchmark names changed since the run "
+                       "began (the run then mixes two versions of that code)")
     export = flower_sub.add_parser("export", help="write each client's training samples of a setting to "
                                    "DIR/client-K.npz (a SuperNode's own data file, docs/flower.md)")
     _common(export)
@@ -225,9 +231,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         print_partition_stats(load_partition_config(args.setting, _overrides(args)), args.format, args.gradients,
                               args.model, args.grad_clients)
         return 0
-    cfg = load_config(args.setting, _overrides(args))
+    # show-config is an inspection command: it imports no code a (received) configuration names
+    cfg = load_config(args.setting, _overrides(args), import_code=args.command != "show-config")
     if args.command == "show-config":
+        from fedhv.code_digest import reference_module
         from fedhv.config import dumps, to_dict
+
+        module = reference_module(cfg.data.benchmark)
+        if module is not None:
+            print(f"note: data.benchmark = {cfg.data.benchmark!r} names code (module {module!r}); show-config does "
+                  "not import it", file=sys.stderr)
 
         text = dumps(to_dict(cfg))
         if args.out:
@@ -266,6 +279,10 @@ def _flower(args: argparse.Namespace) -> int:
     require_flwr()
     from tqdm import tqdm  # type: ignore[import-untyped]
 
+    from fedhv.config.flower import check_wait
+
+    check_wait("--stage-timeout", args.stage_timeout)
+
     from fedhv.flower.local import local_config, resume_config, run_local, sigterm_raises
 
     resume = None
@@ -277,7 +294,7 @@ def _flower(args: argparse.Namespace) -> int:
         if extra:
             raise UsageError(f"--resume continues a run with the configuration in its config.toml; drop "
                              f"{', '.join(extra)}")
-        resume, cfg = args.resume, resume_config(args.resume)
+        resume, cfg = args.resume, resume_config(args.resume, args.accept_changed_code)
         if args.nodes is not None and args.nodes != cfg.partition.clients:
             raise UsageError(f"--nodes {args.nodes} but the run has partition.clients = {cfg.partition.clients}; "
                              f"drop --nodes or give --nodes {cfg.partition.clients}")
@@ -309,7 +326,8 @@ def _flower(args: argparse.Namespace) -> int:
         try:
             run_dir = run_local(None if resume else cfg, args.nodes, args.out, isolation=args.isolation,
                                 stage_timeout=args.stage_timeout, progress=progress, tls=args.tls, auth=args.auth,
-                                resume=resume, node_data=args.node_data, calibration=calibration)
+                                resume=resume, node_data=args.node_data, calibration=calibration,
+                                accept_changed_code=args.accept_changed_code)
         finally:
             for b in [*cal_bar, bar]:
                 b.close()
@@ -359,7 +377,8 @@ def _resume(args: argparse.Namespace) -> int:
     from fedhv.experiment import resume_experiment
 
     tune_allocator()
-    _print_summary(resume_experiment(args.resume, progress=not args.quiet, device=args.device))
+    _print_summary(resume_experiment(args.resume, progress=not args.quiet, device=args.device,
+                                     accept_changed_code=args.accept_changed_code))
     return 0
 
 

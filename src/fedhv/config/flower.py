@@ -63,6 +63,31 @@ class FlowerConfig:
     clipping_range: float = 16.0
 
 
+#: Longest wait (seconds) a Flower stage (``--stage-timeout`` / ``stage-timeout``) or the wait for the
+#: SuperNodes (``node-wait``) may be given: a week. A bound, so that no typo waits for ever.
+MAX_WAIT_S = 7 * 24 * 3600.0
+#: Most SuperNodes (``--nodes`` / the App's ``clients``) a Flower run may ask for; Flower's Simulation
+#: Engine was measured here with 10,000 virtual SuperNodes.
+MAX_NODES = 100_000
+
+
+def check_wait(name: str, value: object) -> float:
+    """``value`` as a wait in seconds: a finite number in ``[0, MAX_WAIT_S]`` (0 = no limit), else one
+    line naming ``name``, the value and the fix."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
+            0 <= value <= MAX_WAIT_S):
+        raise ConfigError(f"{name} = {value!r} must be a number of seconds in [0, {MAX_WAIT_S:.0f}], e.g. 600")
+    return float(value)
+
+
+def check_nodes(name: str, value: object) -> int:
+    """``value`` as a number of SuperNodes: an integer in ``[1, MAX_NODES]``, else one line naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NODES:
+        raise ConfigError(f"{name} = {value!r} must be an integer number of SuperNodes in [1, {MAX_NODES}] "
+                          "(one per client), e.g. 10")
+    return value
+
+
 def check_flower(cfg: RunConfig) -> None:
     """Refuse ``[flower]`` values that SecAgg+ cannot run, each with its parameter, value and fix.
 

@@ -312,13 +312,15 @@ def resolve(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, train=train)
 
 
-def load_config(setting: str, overrides: Iterable[str] = ()) -> RunConfig:
-    """Preset or TOML file + overrides -> validated, resolved :class:`RunConfig`."""
+def load_config(setting: str, overrides: Iterable[str] = (), import_code: bool = True) -> RunConfig:
+    """Preset or TOML file + overrides -> validated, resolved :class:`RunConfig`.
+
+    ``import_code=False``: a ``module:attr`` benchmark is not imported (:func:`validate`)."""
     data = apply_overrides(load_setting(setting), overrides)
     cfg = build(RunConfig, data)
     if cfg.method.lower() in METHODS:  # the built-in methods case-insensitively: method = "FedHV"
         cfg = dataclasses.replace(cfg, method=cfg.method.lower())
-    validate(cfg)
+    validate(cfg, import_code)
     return resolve(cfg)
 
 

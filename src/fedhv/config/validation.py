@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from fedhv.code_digest import reference_module
 from fedhv.config.flower import check_flower
 from fedhv.config.schema import (
     AGGREGATIONS,
@@ -120,8 +121,11 @@ def validate_partition_keys(cfg: RunConfig) -> None:
         raise ConfigError(f"partition.min_samples = {p.min_samples} must be >= 1")
 
 
-def validate(cfg: RunConfig) -> None:
+def validate(cfg: RunConfig, import_code: bool = True) -> None:
     """Check every value that can be checked without data.
+
+    ``import_code=False`` (inspection commands: ``fedhv show-config``): a ``module:attr``
+    ``data.benchmark`` is checked for its form only, never imported.
 
     Raises
     ------
@@ -133,7 +137,8 @@ def validate(cfg: RunConfig) -> None:
     _choice("engine", cfg.engine, ENGINES)
     _choice("dtype", cfg.dtype, DTYPES)
     check_device(cfg.device)
-    resolve_benchmark(cfg.data.benchmark)  # a registered name, or an importable 'module:attr' factory
+    if import_code or reference_module(cfg.data.benchmark) is None:
+        resolve_benchmark(cfg.data.benchmark)  # a registered name, or an importable 'module:attr' factory
     _choice("partition.strata", cfg.partition.strata, STRATA)
     if cfg.rounds < 1:
         raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from fedhv.code_digest import code_record
 from fedhv.config import dumps, to_dict
 from fedhv.config.flower import refuse_in_simulator, refuse_on_flower
 from fedhv.config.loader import config_from_toml_text
@@ -36,6 +37,7 @@ from fedhv.experiment.checkpoint import (
     save_checkpoint,
     truncate_jsonl,
 )
+from fedhv.experiment.code_check import check_resume_code
 from fedhv.experiment.environment import environment, kernel_fingerprint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, add_diagnostics_reference, build_method
@@ -52,6 +54,7 @@ from fedhv.metrics.evaluate import describe_metrics
 from fedhv.models import get_flat, set_flat
 from fedhv.models.params import copy_buffers
 from fedhv.results.rundir import RUN_FILES, JsonlWriter, RunDir
+from fedhv.results.runfiles import read_bytes_nofollow
 from fedhv.sim.faults import FaultInjector
 
 log = logging.getLogger("fedhv")
@@ -219,8 +222,9 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
             data, setup = _prepare(cfg, progress, calibration, federation_factory, hooks=hooks)
             run.write_text("config.toml", dumps(to_dict(cfg)))
             # a federation factory may say what its clients serve (Flower: each node's data)
-            run.write_json("environment.json", environment(data.provenance,
-                                                           getattr(federation_factory, "provenance", None)))
+            env = environment(data.provenance, getattr(federation_factory, "provenance", None))
+            code = code_record(cfg.data.benchmark)  # the module data.benchmark names: its source digest
+            run.write_json("environment.json", env if code is None else {**env, "code": code})
             calibration_done = setup.calibration or setup.diagnostics_calibration
             if calibration_done is not None:
                 run.write_json("calibration.json", calibration_done.as_dict())
@@ -233,9 +237,9 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
         return _train(cfg, run, data, setup, None, start, progress, federation_factory, hooks=hooks)
 
 
-def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | None = None,
+def resume_experiment(run_dir: str | Path | RunDir, progress: bool = True, device: str | None = None,
                       federation_factory: FederationFactory | None = None,
-                      hooks: RunHooks | None = None) -> dict[str, Any]:
+                      hooks: RunHooks | None = None, accept_changed_code: bool = False) -> dict[str, Any]:
     """Continue an interrupted run to its configured number of rounds.
 
     The run restarts from its last checkpoint (round 0 when it has none, reusing its
@@ -249,27 +253,34 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, device: str | 
     :class:`~fedhv.results.rundir.RunDirBusy`. Unless ``threads`` is configured, torch
     uses the thread count recorded in ``environment.json`` (results are bit-exact only
     with the same count), with one line saying so when that changes it.
+
+    A run naming ``data.benchmark = "module:attr"`` first logs the module and file it imports, and is
+    refused when that module's source changed since the run began (:mod:`fedhv.experiment.code_check`)
+    unless ``accept_changed_code``. ``run_dir`` may be a :class:`RunDir` this process already holds.
     """
-    path = Path(run_dir)
-    if not (path / "config.toml").is_file():
+    run = run_dir if isinstance(run_dir, RunDir) else None
+    path = run.path if run is not None else Path(run_dir)  # type: ignore[arg-type]
+    if not (path / "config.toml").is_file() or (path / "config.toml").is_symlink():
         raise ResumeError(f"{path} is not a fedhv run directory (no config.toml); give the directory of a run")
-    run = RunDir(path)
+    run = run if run is not None else RunDir(path)
     try:
         with sigterm_as_interrupt():
-            return _resume(path, run, progress, device, federation_factory, hooks)
+            return _resume(path, run, progress, device, federation_factory, hooks, accept_changed_code)
     finally:
         run.close()
 
 
 def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
-            federation_factory: FederationFactory | None = None, hooks: RunHooks | None = None) -> dict[str, Any]:
+            federation_factory: FederationFactory | None = None, hooks: RunHooks | None = None,
+            accept_changed_code: bool = False) -> dict[str, Any]:
     """:func:`resume_experiment` with ``path`` locked by ``run``."""
     config_path = path / "config.toml"
     if (path / "summary.json").exists():
         summary = json.loads((path / "summary.json").read_text())
         log.info("%s is already complete (summary.json exists); nothing to resume", path)
         return summary
-    text = config_path.read_text()
+    text = read_bytes_nofollow(config_path).decode("utf-8", errors="replace")
+    check_resume_code(path, text, accept_changed_code)  # before the configuration's check imports it
     cfg = config_from_toml_text(text, device)
     threads = None if cfg.threads else _recorded_threads(path)
     cores = os.cpu_count() or 1

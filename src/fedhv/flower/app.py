@@ -12,11 +12,14 @@ key                meaning
 ``method``         ``fedhv``, ``uniform``, ``fsmgda`` or ``fedcmoo``
 ``rounds``         rounds (0: the setting's)
 ``seed``           the run's seed
-``set``            ``--set`` overrides, separated by ``;`` (``"train.lr_local=0.01; eval.test_period=5"``)
+``set``            configuration overrides as TOML ``key = value`` statements, separated by ``;`` or new
+                   lines (``"train.lr_local = 0.01; data.benchmark = 'pkg.mod:make'"``); parsed whole
+                   (an error applies none); a key that another run-config key gives is an error
 ``clients``        clients (0: ask every SuperNode for its ``num-partitions`` first; N: skip that pass)
 ``out``            the run directory on the ServerApp's host (empty: ``runs/<setting>-<method>-s<seed>-flower-<time>``
                    under the ServerApp's working directory: give an absolute path)
 ``resume``         an unfinished run directory to continue (the other keys are then ignored)
+``accept-changed-code`` with ``resume``: continue even when the module ``data.benchmark`` names changed
 ``data-dir``       the ServerApp's data folder (its test set); empty: ``FEDHV_DATA``
 ``stage-timeout``  seconds a stage waits for replies (0: until every client answered)
 ``node-wait``      seconds to wait for the SuperNodes
@@ -27,14 +30,19 @@ The partition of each SuperNode comes from its ``node_config`` (``partition-id``
 SuperNode is started with ``--node-config "partition-id=K num-partitions=N"`` (and
 ``data-path=FILE`` for data of its own). The ServerApp logs its progress (calibration rounds,
 each round, the final metrics), which ``flwr run --stream`` / ``flwr log`` show.
+
+``out`` / ``resume`` are claimed (locked, checked: busy, finished, a link, a FIFO, missing) before the
+handshake makes any node load data.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, RecordDict
@@ -56,7 +64,7 @@ __all__ = ["AppOptions", "app_options", "client_app", "discover_partitions", "se
 #: The app's run-config keys and their defaults (``flower-app/pyproject.toml`` holds the same).
 DEFAULTS: dict[str, Any] = {"setting": "multimnist", "method": "fedhv", "rounds": 0, "seed": 0, "set": "",
                             "clients": 0, "out": "", "resume": "", "data-dir": "", "stage-timeout": 0.0,
-                            "node-wait": 120.0}
+                            "node-wait": 120.0, "accept-changed-code": False}
 
 
 @dataclass(frozen=True)
@@ -74,27 +82,65 @@ class AppOptions:
     data_dir: str
     stage_timeout: float
     node_wait: float
+    accept_changed_code: bool = False
 
 
 def app_options(run_config: dict[str, Any]) -> AppOptions:
-    """:class:`AppOptions` from ``context.run_config`` (missing keys take :data:`DEFAULTS`)."""
+    """:class:`AppOptions` from ``context.run_config`` (missing keys take :data:`DEFAULTS`).
+
+    ``set`` is parsed whole as TOML (:func:`fedhv.flower.runconf.parse_set`): an error refuses every
+    override; an override of a key a run-config key gives (``method``, ``seed``, ``setting``,
+    ``partition.clients``, and ``rounds`` when ``rounds`` is given) is an error naming both. Numbers are
+    checked as ``fedhv`` checks them: seeds in ``[0, 2**32)``, waits finite in ``[0, MAX_WAIT_S]``,
+    ``clients`` 0 or ``[1, MAX_NODES]`` (:mod:`fedhv.config.flower`).
+    """
+    from fedhv.config.flower import check_nodes, check_wait
+    from fedhv.config.validation import SEED_BOUND
+    from fedhv.errors import ConfigError
+    from fedhv.flower.procs import FlowerRunError
+    from fedhv.flower.runconf import parse_set, set_conflicts
+
     unknown = sorted(set(run_config) - set(DEFAULTS))
     if unknown:
         raise FlowerSetupError(f"run config keys {unknown} are not fedhv app options; known: {sorted(DEFAULTS)}")
     rc = {**DEFAULTS, **run_config}
 
-    def number(key: str, kind: type, low: float) -> Any:
+    def number(key: str, kind: type, low: float, high: float = float("inf")) -> Any:
         value = rc[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high or (
                 kind is int and int(value) != value):
-            raise FlowerSetupError(f"run config {key} = {value!r}: expected {kind.__name__} >= {low}; give e.g. "
+            bound = f">= {low}" if high == float("inf") else f"in [{low}, {high}]"
+            raise FlowerSetupError(f"run config {key} = {value!r}: expected {kind.__name__} {bound}; give e.g. "
                                    f"--run-config '{key}={DEFAULTS[key]}'")
         return kind(value)
 
-    overrides = tuple(part.strip() for part in str(rc["set"]).split(";") if part.strip())
-    return AppOptions(str(rc["setting"]), str(rc["method"]), number("rounds", int, 0), number("seed", int, 0),
-                      overrides, number("clients", int, 0), str(rc["out"]), str(rc["resume"]), str(rc["data-dir"]),
-                      number("stage-timeout", float, 0), number("node-wait", float, 0))
+    def flag(key: str) -> bool:
+        if not isinstance(rc[key], bool):
+            raise FlowerSetupError(f"run config {key} = {rc[key]!r}: expected true or false")
+        return bool(rc[key])
+
+    def checked(key: str, check: Any) -> Any:
+        try:
+            return check(f"run config {key}", rc[key])
+        except ConfigError as exc:
+            raise FlowerSetupError(str(exc)) from None
+
+    if not isinstance(rc["set"], str):
+        raise FlowerSetupError(f"run config set = {rc['set']!r}: expected a string of TOML overrides, e.g. "
+                               "--run-config 'set=\"train.lr_local = 0.01; eval.test_period = 5\"'")
+    try:
+        overrides = parse_set(rc["set"])
+        given = {k: rc[k] for k in ("setting", "method", "seed", "clients")}
+        set_conflicts(overrides, {**given, **({"rounds": rc["rounds"]} if rc["rounds"] else {})})
+    except FlowerRunError as exc:
+        raise FlowerSetupError(str(exc)) from None
+    clients = number("clients", int, 0)
+    if clients:
+        checked("clients", check_nodes)
+    return AppOptions(str(rc["setting"]), str(rc["method"]), number("rounds", int, 0),
+                      number("seed", int, 0, SEED_BOUND - 1), overrides, clients, str(rc["out"]), str(rc["resume"]),
+                      str(rc["data-dir"]), checked("stage-timeout", check_wait), checked("node-wait", check_wait),
+                      flag("accept-changed-code"))
 
 
 def discover_partitions(grid: Grid, wait_s: float) -> int:
@@ -137,39 +183,71 @@ def run_config_to_fedhv(opts: AppOptions, nodes: int) -> RunConfig:
 
 def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the experiment the run config describes; returns its summary."""
-    from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
+    from fedhv.experiment.code_check import check_resume_code
+    from fedhv.experiment.runner import RunHooks, claim_run_dir, resume_experiment, run_experiment
+    from fedhv.flower.runconf import read_run_config
     from fedhv.flower.server import federation_factory
+    from fedhv.results.runfiles import read_bytes_nofollow
 
     opts = app_options(run_config)
     if opts.data_dir:
         os.environ["FEDHV_DATA"] = opts.data_dir  # this process's (the server's) data only
     timeout = opts.stage_timeout or None
     if opts.resume:
-        from pathlib import Path
-
         log.info("fedhv: resuming %s", opts.resume)
-        text = (Path(opts.resume) / "config.toml").read_text()
-        cfg = config_from_toml_text(text)
-        hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
-        factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
-        summary = resume_experiment(opts.resume, progress=False, federation_factory=factory, hooks=hooks)
+        run = held_run_dir(opts.resume)  # busy, a link, a FIFO, missing: refused before any node works
+        try:
+            if (run.path / "summary.json").exists():
+                log.info("fedhv: %s is already complete (summary.json exists); nothing to resume", run.path)
+                return {**json.loads(read_bytes_nofollow(run.path / "summary.json")), "run_dir": opts.resume}
+            text = read_run_config(run.path, "run config resume")
+            check_resume_code(run.path, text, opts.accept_changed_code)  # before the configuration imports it
+            cfg = config_from_toml_text(text)
+            hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
+            factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
+        except BaseException:
+            run.close()
+            raise
+        summary = resume_experiment(run, progress=False, federation_factory=factory, hooks=hooks,
+                                    accept_changed_code=opts.accept_changed_code)
         return {**summary, "run_dir": opts.resume}
     # clients given: no discovery pass (the handshake still checks every partition is served): at
     # 10,000 virtual SuperNodes each pass over the nodes costs minutes in Flower's message store
-    nodes = opts.clients or discover_partitions(grid, opts.node_wait)
+    nodes = opts.clients or discover_partitions(grid, opts.node_wait)  # asks node_config only: no data
     cfg = run_config_to_fedhv(opts, nodes)
     text = dumps(to_dict(cfg))
     log.info("fedhv: %s %s seed %d on %d SuperNodes, %d rounds", cfg.setting, cfg.method, cfg.seed, nodes, cfg.rounds)
-    from pathlib import Path
-
     from fedhv.flower.runconf import default_out
 
     out = Path(opts.out or default_out(cfg)).resolve()
+    if opts.out and Path(opts.out).is_symlink():
+        raise FlowerSetupError(f"run config out = {opts.out!r} is a symbolic link (to {os.readlink(opts.out)}); "
+                               "give the run directory itself")
+    run = claim_run_dir(cfg, out)  # busy, finished, a file or FIFO: refused before the handshake loads data
     log.info("fedhv: run directory %s", out)
-    factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
+    try:
+        factory = federation_factory(grid, cfg, text, timeout, opts.node_wait)
+    except BaseException:
+        run.abandon()
+        raise
     hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
-    summary = run_experiment(cfg, out, progress=False, federation_factory=factory, hooks=hooks)
+    summary = run_experiment(cfg, run, progress=False, federation_factory=factory, hooks=hooks)
     return {**summary, "run_dir": str(out)}
+
+
+def held_run_dir(resume: str) -> Any:
+    """The run directory ``resume`` locked by this process (:class:`~fedhv.results.rundir.RunDir`); a
+    link, a missing directory, a FIFO or a directory another process holds is refused with one line."""
+    from fedhv.results.rundir import RunDir
+
+    path = Path(resume)
+    if path.is_symlink():
+        raise FlowerSetupError(f"run config resume = {resume!r} is a symbolic link (to {os.readlink(path)}); give "
+                               "the run directory itself")
+    if not path.is_dir():
+        raise FlowerSetupError(f"run config resume = {resume!r} is not a directory; give the directory of an "
+                               "unfinished fedhv run")
+    return RunDir(path)
 
 
 @server_app.main()

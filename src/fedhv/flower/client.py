@@ -5,7 +5,8 @@ Two handlers (Message API):
 - ``query``: the handshake. Stores the run's configuration in ``Context.state``, loads
   the node's data (``--node-config "partition-id=K num-partitions=N"``: partition ``K``
   of the built-in setting; with ``data-path=FILE`` the node's own samples,
-  :mod:`fedhv.data.node_file`) and answers with what it serves, so the server maps
+  :mod:`fedhv.data.node_file`; what else the node allows: ``allow-benchmarks``, ``data-root``,
+  ``data-download``, :class:`~fedhv.flower.node.NodeTrust`) and answers with what it serves, so the server maps
   Flower node ids (random per run) to client ids.
 - ``train``: one synchronization stage (:mod:`fedhv.flower.protocol`), computed by
   :class:`~fedhv.flower.node.NodeWorker` with the simulator's sequential engine.
@@ -26,7 +27,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedhv.flower.node import NodeError, config_sha, worker_for
+from fedhv.flower.node import NodeError, NodeTrust, config_sha, worker_for
 from fedhv.flower.protocol import (
     HELD,
     HELLO,
@@ -60,6 +61,12 @@ def node_partition(context: Context) -> tuple[int, int, str | None]:
     return pid, n, (str(path) if path else None)
 
 
+def node_trust(context: Context) -> NodeTrust:
+    """What this SuperNode's operator allows (``--node-config``: ``allow-benchmarks``, ``data-root``,
+    ``data-download``; :class:`~fedhv.flower.node.NodeTrust`)."""
+    return NodeTrust.from_node_config(dict(context.node_config))
+
+
 @app.query()
 def hello(msg: Message, context: Context) -> Message:
     """Handshake: remember the run's configuration, load the node's data, say which client it is
@@ -77,7 +84,7 @@ def hello(msg: Message, context: Context) -> Message:
                         "the same fedhv version on the server and every node host")
     text = str(hello_record["config"])
     pid, n, path = node_partition(context)
-    worker = worker_for(text, pid, n, path)  # loads the data now and checks it fits the run
+    worker = worker_for(text, pid, n, path, node_trust(context))  # loads the data now and checks it fits the run
     context.state[HELLO] = ConfigRecord({"config": text})
     info: dict[str, int | str] = {"partition-id": pid, "num-partitions": n}
     info.update({k: v if isinstance(v, int) else str(v) for k, v in worker.provenance.items()})
@@ -101,7 +108,7 @@ def stage(msg: Message, context: Context) -> Message:
     if fields["config-sha"] != config_sha(text) or as_int(fields["client"], "client") != pid:
         raise NodeError(f"stage for client {fields['client']} of config {str(fields['config-sha'])[:12]} reached "
                         f"partition {pid} of config {config_sha(text)[:12]}; the server's node map is stale")
-    worker = worker_for(text, pid, n, path)
+    worker = worker_for(text, pid, n, path, node_trust(context))
     held = context.state.array_records.get(HELD)
     meta = context.state.config_records.get(_HELD_META)
     if MODEL in msg.content.array_records:

@@ -97,6 +97,11 @@ class Deployment:
     link_cmd: list[str] = field(default_factory=list)
     #: The port SuperNodes connect to: the SuperLink's, or a Fleet-only gate's (:mod:`fedhv.flower.gate`).
     fleet_port: int = 0
+    #: What the SuperNodes' operator (the launcher) allows (:class:`fedhv.flower.node.NodeTrust`): these
+    #: ``module:attr`` benchmarks, this data root (``None``: their ``FEDHV_DATA``), downloads.
+    allow_benchmarks: tuple[str, ...] = ()
+    node_root: str | None = None
+    node_download: bool = False
     held: Any = None  # a RunDir whose lock is held until the run is submitted
 
     @property
@@ -192,6 +197,12 @@ class Deployment:
             node_config += f" data-path={json.dumps(str(node_data_file(self.node_data, k)))}"
         if self.secure:
             node_config += " secure-aggregation=true"
+        if self.allow_benchmarks:  # the operator's allowance (fedhv.flower.node.NodeTrust)
+            node_config += f" allow-benchmarks={json.dumps(','.join(self.allow_benchmarks))}"
+        if self.node_root is not None:
+            node_config += f" data-root={json.dumps(self.node_root)}"
+        if self.node_download:
+            node_config += " data-download=true"
         node = self.start(name, [
             *self.supernode_cmd, *tls, *auth, "--superlink", f"127.0.0.1:{self.fleet_port or self.port}",
             "--node-config", node_config, "--isolation", self.isolation,
@@ -242,7 +253,7 @@ class Deployment:
 
     def submit(self, cfg: RunConfig | None, out: str | Path | None = None, *, stage_timeout: float = 0.0,
                progress: Callable[[int, int], None] | None = None, resume: str | Path | None = None,
-               calibration: Callable[[int, int], None] | None = None) -> Path:
+               calibration: Callable[[int, int], None] | None = None, accept_changed_code: bool = False) -> Path:
         """Run ``cfg`` (as ``flwr run``), follow it to the end; returns the run directory.
 
         ``resume``: continue that unfinished run directory instead (``cfg`` and ``out``
@@ -254,7 +265,7 @@ class Deployment:
         if resume is not None:
             if cfg is not None or out is not None:
                 raise FlowerRunError("--resume continues a run with its own config.toml; drop the setting and --out")
-            cfg = resume_config(resume)
+            cfg = resume_config(resume, accept_changed_code)
             out = resume
         if cfg is None:
             raise FlowerRunError("submit: give a configuration or a run directory to resume")
@@ -268,7 +279,8 @@ class Deployment:
                                       "stage-timeout": float(stage_timeout), "node-wait": 120.0,
                                       "log": str(app_dir / "serverapp.log")}
         if resume is not None:
-            run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir)}
+            run_config = {**run_config, "config": "", "out": "", "resume": str(run_dir),
+                          "accept-changed-code": bool(accept_changed_code)}
         (app_dir / "pyproject.toml").write_text(app_pyproject(run_config))
         if self.held is not None:  # the ServerApp claims the run directory from here on
             self.held.close()
@@ -319,7 +331,8 @@ def _cmdline(pid: int) -> bytes:
 @contextlib.contextmanager
 def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | None = 0.1,
                      keep_workdir: bool = False, tls: bool = False, auth: bool = False,
-                     node_data: str | Path | None = None, secure: bool = False, gate: bool = False
+                     node_data: str | Path | None = None, secure: bool = False, gate: bool = False,
+                     allow_benchmarks: tuple[str, ...] = (), node_root: str | None = None, node_download: bool = False
                      ) -> Iterator[Deployment]:
     """A SuperLink and ``nodes`` SuperNodes (partition ``K`` of ``nodes`` each) on 127.0.0.1.
 
@@ -337,7 +350,10 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     the SuperNodes refuse plain stages (``--node-config secure-aggregation=true``; runs must use
     ``flower.secure_aggregation = true``, :mod:`fedhv.flower.secure`). ``gate`` (needs ``tls``): the
     SuperNodes connect through a Fleet-only gate (:mod:`fedhv.flower.gate`), as node hosts do in the
-    documented multi-machine recipe; the Control API stays on the SuperLink's own port. On exit
+    documented multi-machine recipe; the Control API stays on the SuperLink's own port.
+    ``allow_benchmarks``, ``node_root``, ``node_download``: what the SuperNodes' operator allows them
+    (``--node-config allow-benchmarks=... data-root=... data-download=true``,
+    :class:`fedhv.flower.node.NodeTrust`): nothing the server names otherwise. On exit
     every started process group
     is stopped; the work directory (logs, certificates) is removed unless a run failed, a
     process exited during the run (its log was named in a warning) or ``keep_workdir``.
@@ -381,7 +397,8 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     if poll_s is not None:
         env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
     supernode_cmd = [console_script("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
-    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir, secure)
+    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir, secure,
+                     allow_benchmarks=tuple(allow_benchmarks), node_root=node_root, node_download=node_download)
     ok = False
     try:
         dep.start_watchdog()
@@ -416,21 +433,26 @@ def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, 
               stage_timeout: float = 0.0, poll_s: float | None = 0.1, progress: Callable[[int, int], None] | None = None,
               on_start: Callable[[Deployment], None] | None = None, keep_workdir: bool = False, tls: bool = False,
               auth: bool = False, resume: str | Path | None = None, node_data: str | Path | None = None,
-              calibration: Callable[[int, int], None] | None = None) -> Path:
+              calibration: Callable[[int, int], None] | None = None, accept_changed_code: bool = False) -> Path:
     """Run ``cfg`` (or ``resume`` a run directory) on a fresh :func:`local_deployment` of ``nodes``
     SuperNodes; returns the run directory. ``on_start`` sees the deployment once every process runs.
     A run with ``flower.secure_aggregation = true`` gets SuperNodes that answer only SecAgg+ stages."""
-    run_cfg = cfg if cfg is not None or resume is None else resume_config(resume)
+    run_cfg = cfg if cfg is not None or resume is None else resume_config(resume, accept_changed_code)
     secure = run_cfg is not None and run_cfg.flower.secure_aggregation
+    # the launcher is the nodes' operator: it allows them the run's own benchmark, data root and downloads
+    allow = (run_cfg.data.benchmark,) if run_cfg is not None and ":" in run_cfg.data.benchmark else ()
+    root = str(Path(run_cfg.data.root).resolve()) if run_cfg is not None and run_cfg.data.root else None
+    download = bool(run_cfg is not None and run_cfg.data.download)
     held = _hold(resume if resume is not None else out, resume is not None)
     try:
         with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
-                              auth=auth, node_data=node_data, secure=secure) as dep:
+                              auth=auth, node_data=node_data, secure=secure, allow_benchmarks=allow, node_root=root,
+                              node_download=download) as dep:
             dep.held = held
             if on_start is not None:
                 on_start(dep)
             return dep.submit(cfg, out, stage_timeout=stage_timeout, progress=progress, resume=resume,
-                              calibration=calibration)
+                              calibration=calibration, accept_changed_code=accept_changed_code)
     finally:
         if held is not None:
             held.close()

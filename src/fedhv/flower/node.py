@@ -8,6 +8,17 @@ samples*. Every random draw is keyed by ``(seed, stream, round, client)``
 (:mod:`fedhv.sim.plan`) and only gathers from the client's index list, so re-indexing
 the node's samples as ``0 .. S-1`` changes no value: the node computes exactly what
 the simulator computes for client ``K``.
+
+A node trusts its operator, not the server (:class:`NodeTrust`, from the SuperNode's
+``--node-config``): the run's configuration comes from the server, but
+
+- a ``data.benchmark = "module:attr"`` (code the node would import and call) is refused unless the
+  operator allowed exactly that reference (``allow-benchmarks='mod:attr,...'`` in the node config,
+  or ``FEDHV_ALLOW_BENCHMARKS`` in the node's environment);
+- the data root is the node's own (``data-root`` in the node config, else ``FEDHV_DATA``, else the
+  default), never ``data.root`` from the server, and it downloads missing files only when its
+  operator says so (``data-download=true``), whatever ``data.download`` the server sends;
+- the torch thread count stays the node's (``OMP_NUM_THREADS``); the server's ``threads`` is ignored.
 """
 
 from __future__ import annotations
@@ -16,14 +27,17 @@ import dataclasses
 import hashlib
 import json
 import os
+import tomllib
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.validation import ClientReply
-from fedhv.config import to_dict
+from fedhv.code_digest import reference_module
+from fedhv.config import dumps, to_dict
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -41,6 +55,68 @@ class NodeError(FedHVError):
 def config_sha(text: str) -> str:
     """SHA-256 of a run's resolved ``config.toml`` text (names the run on the nodes)."""
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: The node's environment variable allowing ``module:attr`` benchmarks (comma-separated), as ``allow-benchmarks``.
+ALLOW_ENV = "FEDHV_ALLOW_BENCHMARKS"
+
+
+@dataclass(frozen=True)
+class NodeTrust:
+    """What a node's operator allows the server's configuration to make the node do.
+
+    Attributes
+    ----------
+    allow_benchmarks : frozenset of str
+        ``module:attr`` benchmarks the node may import and call (exact references).
+    data_root : str or None
+        The node's data folder (``None``: ``$FEDHV_DATA`` or the default); ``data.root`` from the
+        server is never used.
+    download : bool
+        Download missing benchmark files into the node's data root (default no).
+    """
+
+    allow_benchmarks: frozenset[str] = field(default_factory=frozenset)
+    data_root: str | None = None
+    download: bool = False
+
+    @classmethod
+    def from_node_config(cls, node_config: Mapping[str, object],
+                         environ: Mapping[str, str] | None = None) -> NodeTrust:
+        """From the SuperNode's ``--node-config`` (``allow-benchmarks``, ``data-root``, ``data-download``)
+        and its environment (:data:`ALLOW_ENV`)."""
+        env = os.environ if environ is None else environ
+        allow = [str(node_config.get("allow-benchmarks", "") or ""), env.get(ALLOW_ENV, "")]
+        names = frozenset(x.strip() for text in allow for x in text.split(",") if x.strip())
+        download = node_config.get("data-download", False)
+        if not isinstance(download, bool):
+            raise NodeError(f"node-config data-download = {download!r}: give true or false")
+        root = node_config.get("data-root")
+        return cls(names, str(root) if root else None, download)
+
+    def run_config(self, config_text: str) -> RunConfig:
+        """The server's configuration as this node runs it: its benchmark checked against
+        :attr:`allow_benchmarks` before anything is imported, the node's own data root and download
+        choice in place of the server's, the server's ``threads`` dropped."""
+        try:
+            raw = tomllib.loads(config_text)
+        except tomllib.TOMLDecodeError as exc:
+            raise NodeError(f"the server's configuration is not TOML ({exc})") from None
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+        benchmark = data.get("benchmark", "multimnist")
+        if isinstance(benchmark, str) and reference_module(benchmark) is not None \
+                and benchmark not in self.allow_benchmarks:
+            raise NodeError(
+                f"the server's configuration names data.benchmark = {benchmark!r}, code this node would import and "
+                "run; its operator has not allowed it: start the SuperNode with --node-config "
+                f"\"allow-benchmarks='{benchmark}'\" (or set {ALLOW_ENV}={benchmark}) to allow it")
+        data = {k: v for k, v in data.items() if k != "root"}
+        if self.data_root is not None:
+            data["root"] = self.data_root
+        data["download"] = self.download
+        mine = {k: v for k, v in raw.items() if k != "threads"}
+        mine["data"] = data
+        return config_from_toml_text(dumps(mine))
 
 
 class OneClientParts:
@@ -173,10 +249,14 @@ class NodeWorker:
         (:mod:`fedhv.data.node_file`) instead of partition ``partition`` of the built-in
         setting; the node then never reads the benchmark. ``partition`` still names
         the client the node is (sampling and the server's records use it).
+    trust : NodeTrust, optional
+        What the node's operator allows (default: no ``module:attr`` benchmark, the node's
+        ``FEDHV_DATA``, no download).
     """
 
-    def __init__(self, config_text: str, partition: int, num_partitions: int, data_path: str | None = None) -> None:
-        cfg = config_from_toml_text(config_text)
+    def __init__(self, config_text: str, partition: int, num_partitions: int, data_path: str | None = None,
+                 trust: NodeTrust | None = None) -> None:
+        cfg = (trust or NodeTrust()).run_config(config_text)
         n = cfg.partition.clients
         if num_partitions != n or not 0 <= partition < n:
             raise NodeError(
@@ -186,9 +266,7 @@ class NodeWorker:
             )
         self.cfg: RunConfig = cfg
         self.sha = config_sha(config_text)
-        self.client = partition
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        self.client = partition  # the node's thread count is its operator's (OMP_NUM_THREADS), not cfg.threads
         if data_path:
             self.data = load_node_file(data_path, cfg, partition, n)
             self.model = new_model(cfg, self.data, cfg.seed)
@@ -291,20 +369,22 @@ class NodeWorker:
                            buffers=out.buffers)
 
 
-_WORKERS: OrderedDict[tuple[str, int, int, str], NodeWorker] = OrderedDict()
+_WORKERS: OrderedDict[tuple[str, int, int, str, NodeTrust], NodeWorker] = OrderedDict()
 #: Workers (model, engine) and clients' samples one process keeps: a Simulation Engine actor serves
 #: thousands of virtual SuperNodes; the least recently served are rebuilt when served again.
 MAX_WORKERS, MAX_CLIENTS = 64, 1024
 
 
-def worker_for(config_text: str, partition: int, num_partitions: int, data_path: str | None = None) -> NodeWorker:
+def worker_for(config_text: str, partition: int, num_partitions: int, data_path: str | None = None,
+               trust: NodeTrust | None = None) -> NodeWorker:
     """The (cached) worker of this process for a run: a long-lived ClientApp process loads
-    the data once per run, not once per message."""
-    key = (config_sha(config_text), partition, num_partitions, data_path or "")
+    the data once per run, not once per message. ``trust``: what the node's operator allows."""
+    trust = trust or NodeTrust()
+    key = (config_sha(config_text), partition, num_partitions, data_path or "", trust)
     if key not in _WORKERS:
         for old in [k for k in _WORKERS if k[0] != key[0]]:  # one run at a time: drop the previous run's workers
             del _WORKERS[old]
-        _WORKERS[key] = NodeWorker(config_text, partition, num_partitions, data_path)
+        _WORKERS[key] = NodeWorker(config_text, partition, num_partitions, data_path, trust)
         while len(_WORKERS) > MAX_WORKERS:
             _WORKERS.popitem(last=False)
     _WORKERS.move_to_end(key)

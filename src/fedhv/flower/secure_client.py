@@ -125,7 +125,7 @@ def _config_text(context: Context) -> str:
 def fit(msg: Message, context: Context) -> Message:
     """The collect stage's computation, called by ``secaggplus_mod``: a ``FitRes`` with the
     packed reply (:func:`pack`) and ``num_examples = 1``; raises when the reply is invalid."""
-    from fedhv.flower.client import node_partition
+    from fedhv.flower.client import node_partition, node_trust
 
     text = _config_text(context)
     pid, n, path = node_partition(context)
@@ -139,7 +139,7 @@ def fit(msg: Message, context: Context) -> Message:
     theta = torch.from_numpy(parameters_to_ndarrays(fitins.parameters)[0])
     if model_sha(theta) != fields["model-sha"]:
         raise NodeError(f"round {order.round + 1}: the model received is not the one the stage names")
-    worker = worker_for(text, pid, n, path)
+    worker = worker_for(text, pid, n, path, node_trust(context))
     result = worker.serve(theta, order, None)
     cfg = worker.cfg
     spec = ReplySpec(num_tasks=worker.num_tasks, dim=theta.numel(), report=order.report is not None,

@@ -106,11 +106,17 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     node_wait = float(run_config.get("node-wait", 120))
     resume = str(run_config.get("resume", ""))
     if resume:
-        text = (Path(resume) / "config.toml").read_text()
+        from fedhv.experiment.code_check import check_resume_code
+        from fedhv.flower.runconf import read_run_config
+
+        accept = bool(run_config.get("accept-changed-code", False))
+        text = read_run_config(resume)  # a link or a FIFO is refused before anything is read
+        check_resume_code(Path(resume), text, accept)  # names the module; refuses changed code before importing it
         cfg = config_from_toml_text(text)
         factory = federation_factory(grid, cfg, text, timeout, node_wait)
         hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
-        return resume_experiment(resume, progress=False, federation_factory=factory, hooks=hooks)
+        return resume_experiment(resume, progress=False, federation_factory=factory, hooks=hooks,
+                                 accept_changed_code=accept)
     cfg = config_from_toml_text(Path(str(run_config["config"])).read_text())
     text = dumps(to_dict(cfg))  # exactly what run_experiment writes to config.toml
     factory = federation_factory(grid, cfg, text, timeout, node_wait)
