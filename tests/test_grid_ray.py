@@ -1,7 +1,8 @@
 """Issue 30: the experiment grid on Ray (``fedhv grid … --backend ray``).
 
 A real two-node Ray cluster on 127.0.0.1 (Ray's ``cluster_utils``: a head node and a worker
-node, one CPU each, in a private ``RAY_TMPDIR`` so no other Ray user on the machine joins it),
+node, one CPU each, in a private ``RAY_TMPDIR`` so no other Ray user on the machine joins it,
+both registered and listening on the loopback only: :func:`fedhv.experiment.grid_ray.loopback_only`),
 a tiny grid (2 settings × 2 methods × 2 seeds, 3 rounds, float64) driven by the ``fedhv grid``
 command as its own process:
 
@@ -73,8 +74,8 @@ def test_shipped_files_are_plain_names_only_and_links_are_refused(tmp_path: Path
     with pytest.raises(ShipError, match="symbolic link"):
         write_members(pack_dir(run), tmp_path / "dest2")
     assert not (tmp_path / "victim").exists()
-    with pytest.raises(ShipError, match="outside the grid folder"):
-        Collector(str(tmp_path / "grid")).store("../run", pack_dir(run))
+    with pytest.raises(ShipError, match="not the planned run folder"):
+        Collector(str(tmp_path / "grid"), ["multimnist/uniform/s0"]).store("../run", pack_dir(run), 1)
 
 
 def test_ray_flags_are_refused_on_the_local_pool_and_pool_flags_on_ray(tmp_path: Path) -> None:
@@ -83,7 +84,7 @@ def test_ray_flags_are_refused_on_the_local_pool_and_pool_flags_on_ray(tmp_path:
     res = _fedhv("grid", "multimnist", "--backend", "ray", "--workers", "2", "--out", str(tmp_path / "g"))
     assert res.returncode == 2 and "--workers / --threads are the local pool's" in res.stderr
     res = _fedhv("grid", "multimnist", "--backend", "ray", "--cpus-per-run", "0", "--out", str(tmp_path / "g"))
-    assert res.returncode == 2 and "--cpus-per-run 0.0: give a positive number" in res.stderr
+    assert res.returncode == 2 and "--cpus-per-run 0.0" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "g").exists()
 
 
@@ -120,6 +121,8 @@ def test_two_node_ray_grid_survives_a_killed_node_and_equals_the_local_grid(tmp_
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.cluster_utils import Cluster
 
+    from fedhv.experiment.grid_ray import loopback_only
+
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths have a length limit
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     monkeypatch.setenv("FEDHV_TEST_PAUSE_AFTER_ROUND", "1")  # inherited by the cluster's processes only
@@ -128,9 +131,12 @@ def test_two_node_ray_grid_survives_a_killed_node_and_equals_the_local_grid(tmp_
     # much longer; a later driver on this machine could attach to the dead node meanwhile)
     fast_death = {"health_check_period_ms": 300, "health_check_failure_threshold": 3,
                   "health_check_initial_delay_ms": 0, "health_check_timeout_ms": 300}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                            "_system_config": fast_death})
-    worker = cluster.add_node(num_cpus=1)
+    with loopback_only():  # both nodes register as 127.0.0.1 and listen on it only
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                "_system_config": fast_death})
+        worker = cluster.add_node(num_cpus=1)
+    assert [n.node_ip_address for n in cluster.list_all_nodes()] == ["127.0.0.1", "127.0.0.1"]
+    assert cluster.address.startswith("127.0.0.1:")
     monkeypatch.delenv("FEDHV_TEST_PAUSE_AFTER_ROUND")
     monkeypatch.delenv("FEDHV_TEST_PAUSE_RUN")
     seen = _node_pids(cluster.head_node) | _node_pids(worker)

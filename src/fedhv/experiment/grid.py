@@ -300,6 +300,17 @@ def prepare_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path
 
 def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, workers: int = 1,
              threads: int | None = None, progress: bool = True) -> GridReport:
+    """Run the calibrations, then the jobs, in ``workers`` processes, holding ``out``'s driver lock
+    (:func:`fedhv.experiment.grid_lock.driver_lock`: a second driver on ``out`` is refused). See
+    :func:`_run_grid`."""
+    from fedhv.experiment.grid_lock import driver_lock
+
+    with driver_lock(Path(out)):
+        return _run_grid(jobs, calibrations, out, workers, threads, progress)
+
+
+def _run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, workers: int = 1,
+              threads: int | None = None, progress: bool = True) -> GridReport:
     """Run the calibrations, then the jobs, in ``workers`` processes.
 
     Existing runs are checked first (:func:`check_existing_runs`). Ctrl-C or ``SIGTERM``
@@ -312,7 +323,8 @@ def run_grid(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, wor
     Raises
     ------
     GridError
-        When ``out`` holds runs of another configuration (nothing is run or written).
+        When ``out`` holds runs of another configuration, or another driver runs a grid in
+        ``out`` (nothing is run or written).
     """
     from tqdm import tqdm  # type: ignore[import-untyped]
 

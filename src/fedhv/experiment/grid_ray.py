@@ -24,22 +24,30 @@ The driver killed: the same command continues (finished runs skipped, partial re
 Without ``--address`` (and no ``RAY_ADDRESS``) the driver starts a new local Ray instance
 with this machine's cores (or ``--num-cpus``) and stops it at the end; with ``--address``
 (``auto``: the cluster this machine belongs to) it joins that cluster and leaves it running.
+
+A local instance is loopback-only (:func:`loopback_only`): its node registers as 127.0.0.1
+and its GCS, raylet, object manager, agents and workers listen on 127.0.0.1 only (checked
+after start: a node registered elsewhere stops the grid). One driver per grid folder
+(:func:`fedhv.experiment.grid_lock.driver_lock`); each finished run's ``grid-job.json``
+records the storage mode its last attempt used (``"storage": "shared"`` or ``"ship"``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhv.errors import ConfigError
+from fedhv.errors import ConfigError, FedHVError
 from fedhv.experiment.grid import (
     CalibrationJob,
     GridReport,
@@ -50,13 +58,22 @@ from fedhv.experiment.grid import (
     _terminate,
     prepare_grid,
 )
+from fedhv.experiment.grid_lock import driver_lock
 from fedhv.experiment.grid_ship import PROBE, Collector, summary_of, task_calibration, task_job, write_probe
-from fedhv.results.runfiles import write_json
+from fedhv.results.runfiles import read_bytes_nofollow, write_json
 
 log = logging.getLogger("fedhv")
 
 #: Seconds a stopped grid waits for its running tasks to checkpoint before it leaves them.
 STOP_GRACE_S = 60.0
+#: Ray reads this variable when it is imported; ``0`` makes the node address Ray picks for a node
+#: started here 127.0.0.1 (``ray._private.services.get_node_ip_address``), and Ray 2.55's GCS,
+#: raylet, object manager, agents and workers then listen on 127.0.0.1 only (measured: without it
+#: the node registers on the machine's routable address and they listen on every interface;
+#: ``ray.init(_node_ip_address="127.0.0.1")`` alone is turned back into the routable address).
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: The only address a local instance may register or listen on.
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,36 @@ def _ray() -> Any:
     return ray
 
 
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """Within the block, a Ray node this process starts (``ray.init(address="local")``, Ray's
+    ``cluster_utils``) binds and advertises 127.0.0.1 only: :data:`LOOPBACK_ENV` is ``0`` in the
+    environment its processes inherit and in Ray's already-imported constants. Both are restored
+    afterwards (the started node keeps its address)."""
+    from ray._private import ray_constants
+
+    saved_env, saved = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = saved_env
+
+
+def check_loopback(ray: Any) -> None:
+    """Refuse a local instance whose nodes registered on an address other than 127.0.0.1."""
+    addresses = sorted({str(n.get("NodeManagerAddress")) for n in ray.nodes() if n.get("Alive", True)})
+    if addresses != [LOOPBACK]:
+        raise ConfigError(f"the local Ray instance registered on {', '.join(addresses)}, not {LOOPBACK} only; "
+                          f"fedhv keeps a local instance on the loopback: report this with your Ray version "
+                          f"({getattr(ray, '__version__', '?')}), or start a cluster yourself and give --address")
+
+
 def _connect(ray: Any, opts: RayOptions) -> bool:
     """Start or join Ray; ``True`` when this process started a local instance (its tasks then
     watch this process: they checkpoint and stop when it is killed)."""
@@ -106,7 +153,13 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
     if address:  # join: ray.shutdown() then only disconnects this driver
         ray.init(address=address, **kwargs)
         return False
-    ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)  # never another's
+    with loopback_only():
+        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)  # never another's
+    try:
+        check_loopback(ray)
+    except BaseException:
+        ray.shutdown()
+        raise
     return True
 
 
@@ -117,17 +170,25 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
     Raises
     ------
     GridError
-        When ``out`` holds runs of another configuration (nothing runs).
+        When ``out`` holds runs of another configuration, or another driver runs a grid in
+        ``out`` (nothing runs).
     KeyboardInterrupt
         After Ctrl-C / ``SIGTERM`` (:class:`GridTerminated`): queued tasks cancelled, running ones
         checkpointed.
     """
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
     opts.check()
     ray = _ray()
-    start = time.perf_counter()
     out = out.resolve()
+    with driver_lock(out):
+        return _run_locked(ray, jobs, calibrations, out, opts, progress)
+
+
+def _run_locked(ray: Any, jobs: list[Job], calibrations: list[CalibrationJob], out: Path, opts: RayOptions,
+                progress: bool) -> GridReport:
+    """:func:`run_grid_ray` once this driver holds ``out``'s lock."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    start = time.perf_counter()
     report, todo_cal, todo, total = prepare_grid(jobs, calibrations, out)
     token = uuid.uuid4().hex
     write_probe(out, token)
@@ -145,7 +206,8 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
 
         here = ray.get_runtime_context().get_node_id()
         collector = ray.remote(Collector).options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(str(out))
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+        ).remote(str(out), [_rel(j, out) for j in todo])
         res = {"num_cpus": opts.cpus_per_run, "num_gpus": opts.gpus_per_run, "max_retries": opts.retries}
         cal_task = ray.remote(task_calibration).options(**res)
         job_task = ray.remote(task_job).options(**res)
@@ -188,7 +250,10 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
                     cal_done += item.rounds
                 else:
                     report.done.append(item.run_dir)
+                    _record_storage(Path(item.run_dir), value.get("storage"))
                     tqdm.write(_summary_line(item.run_dir, summary_of(value)))
+            for refusal in ray.get(collector.take_refusals.remote()):
+                tqdm.write(f"warning: {refusal}")
             remote = ray.get(collector.all_progress.remote())
             done_rounds = sum(max(_rounds_done(j, finished), min(j.rounds, remote.get(_rel(j, out), 0)))
                               for j in jobs) + cal_done
@@ -208,6 +273,18 @@ def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path,
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _record_storage(run_dir: Path, mode: Any) -> None:
+    """Add the storage mode the run's last attempt used to its ``grid-job.json``."""
+    path = run_dir / "grid-job.json"
+    try:
+        record = json.loads(read_bytes_nofollow(path))
+    except (OSError, ValueError, FedHVError) as exc:
+        log.warning(f"{path}: storage mode {mode!r} not recorded ({exc})")
+        return
+    if isinstance(record, dict) and mode in ("shared", "ship"):
+        write_json(path, {**record, "storage": mode})
 
 
 def _rel(job: Job, out: Path) -> str:

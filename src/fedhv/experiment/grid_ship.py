@@ -17,6 +17,14 @@ Ray task. Where the task writes depends on the filesystem it sees:
 ``--storage shared`` / ``ship`` force one mode (a ``shared`` task that does not see the
 probe fails with the fix); ``auto`` (default) decides per task.
 
+A shipment is accepted only into its task's **planned** run folder (the driver gives the
+collector the plan; anything else, the grid's ``calibration/`` included, is refused with a
+logged message), and never goes back in time: each attempt of a task registers with the
+collector when it starts (:meth:`Collector.begin`), a shipment of an older attempt is
+refused, a shipment of an earlier round than the attempt's last accepted one is refused,
+and a finished run (``summary.json``) is never overwritten. The shipment that finishes a
+run removes the driver's copy of ``checkpoint.pt``, as a run writing in place does.
+
 Calibrations return their result to the driver (an object in Ray's store), which writes
 ``OUT/calibration/…json``; the runs that need it get it as a task argument (Ray starts them
 once it exists). Nothing here imports ``ray`` at module level: the tasks are plain
@@ -28,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import io
+import logging
 import os
 import shutil
 import stat
@@ -35,6 +44,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from fedhv.errors import FedHVError
@@ -48,6 +58,8 @@ _LAST = ("checkpoint.pt", "model.pt", "summary.json")
 #: Seconds a retry waits for the run directory's lock, held by a worker of a lost node that
 #: has not exited yet, before it gives up.
 LOCK_WAIT_S = 120.0
+
+log = logging.getLogger("fedhv")
 
 
 class ShipError(FedHVError):
@@ -86,13 +98,15 @@ def _members(blob: bytes) -> list[tuple[str, bytes]]:
     return first + sorted((x for x in out if x[0] in _LAST), key=lambda x: _LAST.index(x[0]))
 
 
-def write_members(blob: bytes, dest: Path) -> None:
-    """Write the files of ``blob`` into ``dest``, each atomically (temp file + rename), never
-    through a link, in the order that keeps ``dest`` resumable at every instant."""
+def write_members(blob: bytes | list[tuple[str, bytes]], dest: Path) -> None:
+    """Write the files of ``blob`` (a :func:`pack_dir` tar, or its :func:`_members`) into ``dest``,
+    each atomically (temp file + rename), never through a link, in the order that keeps ``dest``
+    resumable at every instant."""
+    members = _members(blob) if isinstance(blob, bytes) else blob
     dest.mkdir(parents=True, exist_ok=True)
     if dest.is_symlink() or not dest.is_dir():
         raise ShipError(f"{dest} is a link or not a folder; fedhv never writes through links")
-    for name, data in _members(blob):
+    for name, data in members:
         target = dest / name
         if target.is_symlink():
             raise ShipError(f"{target} is a symbolic link; fedhv never writes through links: remove it")
@@ -115,47 +129,101 @@ def write_members(blob: bytes, dest: Path) -> None:
 class Collector:
     """Runs on the driver's node (a Ray actor): receives run directories and progress.
 
-    ``root`` is the grid folder (absolute, on the driver's filesystem). A shipped directory
-    is written under the run directory's lock (``flock`` on ``.lock``), so it never mixes
-    with a run writing there in place.
+    ``root`` is the grid folder (absolute, on the driver's filesystem); ``planned`` the run
+    folders of this grid's tasks, relative to ``root`` (nothing else is fetched or written).
+    A shipped directory is written under the run directory's lock (``flock`` on ``.lock``),
+    so it never mixes with a run writing there in place. Each attempt of a task calls
+    :meth:`begin` first and passes the attempt number it got to every :meth:`store`; a Ray
+    actor runs one method at a time, so an attempt's ``begin`` and its starting copy are one
+    step. Refused shipments raise :class:`ShipError` in the task, are logged, and are kept for
+    the driver (:meth:`take_refusals`).
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, planned: Iterable[str]) -> None:
         self.root = Path(root)
+        self.planned = frozenset(planned)
         self.rounds: dict[str, int] = {}
+        self.attempts: dict[str, int] = {}  #: the newest attempt of each run folder
+        self.accepted: dict[str, tuple[int, int]] = {}  #: (attempt, rounds) of the last shipment written
+        self.refused: list[str] = []
+
+    def _refuse(self, message: str) -> ShipError:
+        log.warning(message)
+        self.refused.append(message)
+        return ShipError(message)
 
     def _path(self, rel: str) -> Path:
+        if not isinstance(rel, str) or rel not in self.planned:
+            raise self._refuse(f"shipment refused: {rel!r} is not the planned run folder of a task of the grid "
+                               f"{self.root} (a task ships only into its own run folder)")
         path = (self.root / rel).resolve()
         if self.root.resolve() not in path.parents:
-            raise ShipError(f"run directory {rel!r} is outside the grid folder {self.root}")
+            raise self._refuse(f"shipment refused: run directory {rel!r} is outside the grid folder {self.root}")
         return self.root / rel
 
-    def fetch(self, rel: str) -> bytes | None:
-        """The driver's copy of run directory ``rel`` (``None``: nothing there yet)."""
+    def begin(self, rel: str) -> tuple[int, bytes | None]:
+        """A new attempt of the task of ``rel``: its attempt number (older attempts' shipments are
+        refused from now on) and the driver's copy to resume from (``None``: nothing there yet)."""
         path = self._path(rel)
-        return pack_dir(path) if (path / "config.toml").is_file() else None
+        self.attempts[rel] = self.attempts.get(rel, 0) + 1
+        return self.attempts[rel], (pack_dir(path) if (path / "config.toml").is_file() else None)
 
-    def store(self, rel: str, blob: bytes) -> int:
-        """Replace the driver's copy of ``rel`` with ``blob``'s files; returns the rounds it holds."""
+    def store(self, rel: str, blob: bytes, attempt: int) -> int:
+        """Replace the driver's copy of ``rel`` with ``blob``'s files; returns the rounds it holds.
+
+        Raises
+        ------
+        ShipError
+            ``rel`` is not a planned run folder; ``attempt`` is not the newest attempt of ``rel``;
+            the driver's copy is finished; or ``blob`` holds fewer rounds than the attempt's last
+            shipment. Nothing is written then.
+        """
         path = self._path(rel)
+        newest = self.attempts.get(rel, 0)
+        if attempt != newest:
+            raise self._refuse(f"shipment refused: {rel} from attempt {attempt}, but attempt {newest} is the newest "
+                               "(a late shipment of an earlier attempt never replaces a newer one)")
+        try:
+            members = _members(blob)
+        except (tarfile.TarError, ShipError, TypeError) as exc:
+            raise self._refuse(f"shipment refused: {rel} from attempt {attempt} is not a run directory "
+                               f"({type(exc).__name__}: {exc})") from None
+        names = {name for name, _ in members}
+        rounds = next((data.count(b"\n") for name, data in members if name == "rounds.jsonl"), 0)
         path.mkdir(parents=True, exist_ok=True)
         fd = open_nofollow(path / ".lock", os.O_RDWR | os.O_CREAT)
         try:
             if not _lock_within(fd, 30.0):
                 raise ShipError(f"{path} is locked by a run writing in place; not overwritten")
-            write_members(blob, path)
+            if os.path.lexists(path / "summary.json"):
+                raise self._refuse(f"shipment refused: {rel} is finished (summary.json); a finished run is never "
+                                   f"overwritten (attempt {attempt}, {rounds} rounds)")
+            last = self.accepted.get(rel)
+            if last is not None and last[0] == attempt and rounds < last[1]:
+                raise self._refuse(f"shipment refused: {rel} with {rounds} rounds after one with {last[1]} rounds "
+                                   f"from the same attempt {attempt} (never back in time)")
+            write_members(members, path)
+            if "summary.json" in names and "checkpoint.pt" not in names:
+                (path / "checkpoint.pt").unlink(missing_ok=True)  # finished: model.pt and summary.json replace it
         finally:
             os.close(fd)
-        rounds = (path / "rounds.jsonl").read_bytes().count(b"\n") if (path / "rounds.jsonl").is_file() else 0
+        self.accepted[rel] = (attempt, rounds)
         self.rounds[rel] = max(self.rounds.get(rel, 0), rounds)
         return rounds
 
     def progress(self, rel: str, rounds: int) -> None:
-        """A task's rounds so far (the driver's progress bar between shipments)."""
-        self.rounds[rel] = max(self.rounds.get(rel, 0), rounds)
+        """A task's rounds so far (the driver's progress bar between shipments); ignored for a
+        folder that is not planned."""
+        if rel in self.planned and isinstance(rounds, int):
+            self.rounds[rel] = max(self.rounds.get(rel, 0), rounds)
 
     def all_progress(self) -> dict[str, int]:
         return dict(self.rounds)
+
+    def take_refusals(self) -> list[str]:
+        """The refusals since the last call (the driver prints them)."""
+        refused, self.refused = self.refused, []
+        return refused
 
 
 # --------------------------------------------------------------------------- tasks (worker side)
@@ -262,7 +330,7 @@ def task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str
     try:
         import ray
 
-        blob = ray.get(collector.fetch.remote(rel))
+        attempt, blob = ray.get(collector.begin.remote(rel))
         if blob is not None:
             write_members(blob, local)
         shipped = {"checkpoint": _stamp(local / "checkpoint.pt")}
@@ -271,16 +339,16 @@ def task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str
             collector.progress.remote(rel, t)
             stamp = _stamp(local / "checkpoint.pt")
             if stamp != shipped["checkpoint"]:  # a checkpoint was written: ship it
-                ray.get(collector.store.remote(rel, pack_dir(local)))
+                ray.get(collector.store.remote(rel, pack_dir(local), attempt))
                 shipped["checkpoint"] = stamp
 
         try:
             summary = run_job(dataclasses.replace(job, run_dir=str(local)), cal, on_round)
         except BaseException:  # stopped or failed: ship what was checkpointed, then report
             if (local / "config.toml").exists():
-                ray.get(collector.store.remote(rel, pack_dir(local)))
+                ray.get(collector.store.remote(rel, pack_dir(local), attempt))
             raise
-        ray.get(collector.store.remote(rel, pack_dir(local)))
+        ray.get(collector.store.remote(rel, pack_dir(local), attempt))
         return {**summary, "storage": "ship"}
     finally:
         shutil.rmtree(work, ignore_errors=True)
