@@ -21,10 +21,11 @@ closed) and never reaches the SuperLink. Bounds: request bodies up to ``--max-bo
 declared length is checked before any byte is read, and the bytes are counted as they stream
 through; nothing is buffered whole, in either direction), a deadline for a request's headers
 (``--header-timeout``) and for its body (``--body-timeout`` plus its size at ``--min-rate-kb``),
-headers of at most 16 KiB, and at most ``--max-connections`` open connections (more are closed at
-once). While the SuperLink cannot be reached (a restart) the gate answers ``502 Bad Gateway``,
-which Flower's SuperNodes retry, as they retry a refused connection. What this guarantees and what
-it does not: docs/security.md, "The Fleet-only gate".
+headers of at most 16 KiB, at most ``--max-connections`` open connections and
+``--max-connections-per-host`` from one address (more are closed at once). While the SuperLink
+cannot be reached (a restart) the gate answers ``502 Bad Gateway``, which Flower's SuperNodes
+retry, as they retry a refused connection. What this guarantees and what it does not:
+docs/security.md, "The Fleet-only gate".
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class GateLimits:
     body_timeout: float = 30.0  #: seconds a body may take beyond its size at ``min_rate``; also the longest stall
     min_rate: float = 64 * 1024  #: bytes per second a long body must average
     max_connections: int = 256  #: open client connections
+    max_per_host: int = 32  #: open client connections from one address
     keep_alive: int = 5  #: seconds an idle kept-alive connection stays open
     upstream_timeout: float = 600.0  #: seconds for the SuperLink's answer
 
@@ -236,8 +238,9 @@ def make_app(upstream: str, upstream_ca: str | None = None, limits: GateLimits |
 
 def protocol_class(limits: GateLimits) -> type:
     """uvicorn's h11 protocol with the gate's connection bounds: a connection over
-    ``max_connections`` is closed at once, and one whose request headers are not complete within
-    ``header_timeout`` (from its start, or from the end of its previous response) is closed."""
+    ``max_connections`` (or over ``max_per_host`` from one address) is closed at once, and one
+    whose request headers are not complete within ``header_timeout`` (from its start, or from the
+    end of its previous response) is closed."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -246,7 +249,9 @@ def protocol_class(limits: GateLimits) -> type:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
+            host = self.client[0] if self.client else None
+            same = sum(1 for other in self.connections if other.client and other.client[0] == host)
+            if len(self.connections) > limits.max_connections or same > limits.max_per_host:
                 transport.abort()
                 return
             self._arm()
@@ -314,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"KiB/s a long body must average (default {d.min_rate / 1024:g})")
     parser.add_argument("--max-connections", type=_positive(int, "--max-connections"), default=d.max_connections,
                         help=f"open client connections (default {d.max_connections}; a SuperNode holds 1-2)")
+    parser.add_argument("--max-connections-per-host", type=_positive(int, "--max-connections-per-host"),
+                        default=d.max_per_host, help=f"open connections from one address (default {d.max_per_host})")
     args = parser.parse_args(argv)
     if bool(args.certfile) != bool(args.keyfile):
         parser.error("--certfile and --keyfile go together")
@@ -322,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--listen {args.listen!r}: give host:port, e.g. 0.0.0.0:9092")
     limits = GateLimits(max_body=int(args.max_body_mb * MIB), header_timeout=args.header_timeout,
                         body_timeout=args.body_timeout, min_rate=args.min_rate_kb * 1024,
-                        max_connections=args.max_connections)
+                        max_connections=args.max_connections, max_per_host=args.max_connections_per_host)
     logging.basicConfig(format="%(asctime)s gate %(levelname)s %(message)s", level=logging.WARNING)
     import uvicorn
 
