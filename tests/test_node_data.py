@@ -50,9 +50,10 @@ def test_own_file_node_never_reads_the_benchmark(tmp_path: Path, monkeypatch: py
     cfg = load_config("multimnist", CFG)
     path = export_partition(cfg, 0, tmp_path / "c0.npz")
     # a data root without MNIST and an empty cache: the built-in node cannot load, the own-data node
-    # does not need to
+    # does not need to (the node's own data root: its FEDHV_DATA, never the server's data.root)
     monkeypatch.setenv("FEDHV_CACHE", str(tmp_path / "cache"))
-    text = dumps(to_dict(load_config("multimnist", [*CFG, f'data.root="{tmp_path / "empty"}"', "data.download=false"])))
+    monkeypatch.setenv("FEDHV_DATA", str(tmp_path / "empty"))
+    text = dumps(to_dict(load_config("multimnist", [*CFG, "data.download=false"])))
     node = NodeWorker(text, 0, 4, str(path))
     assert node.data.train_x.shape[0] == cfg.partition.samples_per_client
     with pytest.raises(Exception, match="(?i)mnist"):
