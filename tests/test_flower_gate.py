@@ -265,11 +265,11 @@ def _assert_untouched(recipe: dict[str, Any], state: bool = True) -> None:
 
 @needs_flwr
 def test_issue_attempts_refused_at_the_recipe_gate(recipe: dict[str, Any]) -> None:
-    """The issue's variants, sent over TLS with bodies that succeed at the Control API (list runs,
-    register the intruder's key, unregister the operator's node), over HTTP/1.1 and HTTP/1.0:
+    """The issue's variants, sent over TLS with bodies for the Control API (list runs, register the
+    intruder's key, unregister the operator's node, start a run), over HTTP/1.1 and HTTP/1.0:
     all answered by the gate itself; the Fleet endpoints reach the SuperLink; nothing changed."""
     from flwr.cli.supernode.register import try_load_public_key
-    from flwr.proto.control_pb2 import RegisterNodeRequest, UnregisterNodeRequest
+    from flwr.proto.control_pb2 import RegisterNodeRequest, StartRunRequest, UnregisterNodeRequest
 
     from fedhv.flower.certs import make_node_key
 
@@ -278,7 +278,8 @@ def test_issue_attempts_refused_at_the_recipe_gate(recipe: dict[str, Any]) -> No
     register = RegisterNodeRequest(public_key=try_load_public_key(Path(f"{key}.pub"))).SerializeToString()
     node_id = recipe["state"][0][0][0]
     bodies = {"list-runs": b"", "register-node": register,
-              "unregister-node": UnregisterNodeRequest(node_id=node_id).SerializeToString()}
+              "unregister-node": UnregisterNodeRequest(node_id=node_id).SerializeToString(),
+              "start-run": StartRunRequest().SerializeToString()}
     sent = 0
     for variant, (aim, body), version in itertools.product(ISSUE_VARIANTS, bodies.items(), (b"HTTP/1.1", b"HTTP/1.0")):
         target = variant.replace("list-runs", aim).encode()
