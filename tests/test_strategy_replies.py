@@ -267,6 +267,7 @@ def test_a_calibration_without_a_valid_reply_names_a_node() -> None:
     ({"metric_keys": ["num-examples"]}, "metric_keys"),
     ({"reference": [nan, 1.0]}, "reference"),
     ({"rho_clip": math.inf}, "rho_clip"),
+    ({"margin": nan}, "margin"),
 ])
 def test_bad_strategy_options_are_one_line_errors(kwargs: dict[str, object], match: str) -> None:
     from fedhv.errors import ConfigError

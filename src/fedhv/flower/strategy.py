@@ -155,6 +155,8 @@ class FedHVStrategy(FedAvg):
         if reference is None and self.adaptive and calibration_rounds < 1:
             raise ConfigError("calibration_rounds must be >= 1 without a reference; give reference=[...] or "
                               "calibration_rounds=20")
+        if not 0 <= margin < np.inf:
+            raise ConfigError(f"margin = {margin} must be finite and >= 0; use e.g. margin = 0.15")
         if not 0 < rho_clip < np.inf:
             raise ConfigError(f"rho_clip = {rho_clip} must be finite and > 0")
         if weighted_by_key not in (UNIT_KEY, EXAMPLES_KEY):
