@@ -245,7 +245,7 @@ def render_csv(r: dict[str, Any]) -> str:
 
 def render_json(r: dict[str, Any]) -> str:
     """The whole report as JSON."""
-    return dumps_strict(r, indent=2) + "\n"  # strict JSON: a NaN (a client without gradients) is null
+    return dumps_strict(r, indent=2) + "\n"  # strict JSON: a NaN (e.g. a diverged --model) is written null
 
 
 RENDERERS = {"text": render_text, "csv": render_csv, "json": render_json}

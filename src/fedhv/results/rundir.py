@@ -42,6 +42,7 @@ RUN_FILES: tuple[str, ...] = (
     "resumes.jsonl", "environment.json", "config.toml",
 )
 
+from fedhv import safe_io
 from fedhv.results.runfiles import (  # noqa: F401 - re-exported: the run directory's file primitives
     JsonlWriter,
     RunDirBusy,
@@ -222,7 +223,7 @@ class RunDir:
         try:
             if cfg.is_symlink():
                 return None
-            value = tomllib.loads(cfg.read_text()).get("source")
+            value = tomllib.loads(safe_io.read_regular(cfg).decode("utf-8")).get("source")  # a FIFO: no hang
         except (OSError, ValueError):
             return None
         return value if isinstance(value, str) else None
