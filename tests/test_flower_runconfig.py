@@ -132,7 +132,8 @@ def _run_dir(path: Path) -> Path:
     from fedhv.config import dumps, load_config, to_dict
 
     path.mkdir()
-    (path / "config.toml").write_text(dumps(to_dict(load_config("multimnist", ["partition.clients=3", "train.clients_per_round=2"]))))
+    cfg = load_config("multimnist", ["partition.clients=3", "train.clients_per_round=2"])
+    (path / "config.toml").write_text(dumps(to_dict(cfg)))
     return path
 
 

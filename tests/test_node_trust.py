@@ -48,7 +48,8 @@ def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no
     folder = tmp_path / "code"
     folder.mkdir()
     source = (Path(__file__).parent / "bn_benchmark.py").read_text()
-    mark = 'import os as _os\nopen(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "IMPORTED"), "w").close()\n'
+    mark = ('import os as _os\nopen(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "IMPORTED"), "w")'
+            '.close()\n')
     (folder / f"{name}.py").write_text(source.replace("from __future__ import annotations\n",
                                                       "from __future__ import annotations\n\n" + mark, 1))
     monkeypatch.syspath_prepend(str(folder))

@@ -52,7 +52,8 @@ def reference_module(value: str, where: str = "data.benchmark") -> str | None:
         return None
     module, _, attr = value.partition(":")
     if not module or not attr or not _DOTTED.match(module) or not all(_DOTTED.match(a) for a in attr.split(".")):
-        raise ConfigError(f"{where} = {value!r} is not 'module:attribute'; write it like \"mypkg.tasks:make_benchmark\"")
+        raise ConfigError(f"{where} = {value!r} is not 'module:attribute'; write it like "
+                          "\"mypkg.tasks:make_benchmark\"")
     return module
 
 

@@ -260,7 +260,7 @@ def resume_experiment(run_dir: str | Path | RunDir, progress: bool = True, devic
     """
     run = run_dir if isinstance(run_dir, RunDir) else None
     path = run.path if run is not None else Path(run_dir)  # type: ignore[arg-type]
-    if not (path / "config.toml").is_file() or (path / "config.toml").is_symlink():
+    if not (path / "config.toml").is_file():  # a link is refused by RunDir, naming it
         raise ResumeError(f"{path} is not a fedhv run directory (no config.toml); give the directory of a run")
     run = run if run is not None else RunDir(path)
     try:

@@ -133,8 +133,8 @@ def parse_set(text: str) -> tuple[str, ...]:
         table = tomllib.loads(_statements(text))
     except tomllib.TOMLDecodeError as exc:
         raise FlowerRunError(f"run config set = {text!r} is not TOML ({exc}); write each override as key = value "
-                             "(strings quoted, e.g. data.benchmark = 'pkg.mod:make'), separated by ';' or new lines; nothing was "
-                             "applied") from None
+                             "(strings quoted, e.g. data.benchmark = 'pkg.mod:make'), separated by ';' or new lines; "
+                             "nothing was applied") from None
     except RecursionError:
         raise FlowerRunError("run config set: values nested too deeply; nothing was applied") from None
     out = []
