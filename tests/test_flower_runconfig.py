@@ -165,6 +165,9 @@ def test_a_finished_resume_does_no_node_work(tmp_path: Path) -> None:
     run = _run_dir(tmp_path / "run")
     (run / "summary.json").write_text('{"mean_acc": 1.5}')
     assert _serve(resume=str(run)) == {"mean_acc": 1.5, "run_dir": str(run)}
+    from fedhv.results.rundir import RunDir
+
+    RunDir(run).close()  # the App let go of its lock
 
 
 def test_read_run_config_refuses_links_fifos_and_devices(tmp_path: Path) -> None:

@@ -199,7 +199,9 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         try:
             if (run.path / "summary.json").exists():
                 log.info("fedhv: %s is already complete (summary.json exists); nothing to resume", run.path)
-                return {**json.loads(read_bytes_nofollow(run.path / "summary.json")), "run_dir": opts.resume}
+                finished = json.loads(read_bytes_nofollow(run.path / "summary.json"))
+                run.close()
+                return {**finished, "run_dir": opts.resume}
             text = read_run_config(run.path, "run config resume")
             check_resume_code(run.path, text, opts.accept_changed_code)  # before the configuration imports it
             cfg = config_from_toml_text(text)
