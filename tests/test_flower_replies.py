@@ -199,3 +199,38 @@ def test_the_handshake_keeps_good_facts() -> None:
                          21: hello_node(GOOD_FACTS)})
     nodes = handshake(grid, "config", 2, wait_s=5.0)
     assert nodes.nodes == {0: 20, 1: 21} and nodes.served[1] == {"samples": 300}
+
+
+@pytest.mark.parametrize("bad_report", [[1e6, 0.1], [-1e6, 2.0], [nan, 1.0]], ids=["outlier", "negative", "nan"])
+def test_one_node_cannot_own_the_calibrated_reference(bad_report: list[float],
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """``fedhv.experiment.calibration.calibrate`` over the Flower back-end (the ServerApp's path): honest
+    nodes report ``[2.3, 2.2]``; one node's ``[1e6, 0.1]`` (accepted before: r ~ [1.7e5, ...]) and the
+    invalid ones are rejected naming the client and its SuperNode; r = [2.45, 2.35] as without it."""
+    from conftest import SMALL
+    from fedhv.config import load_config
+    from fedhv.experiment.calibration import calibrate
+    from fedhv.experiment.setup import federated_data
+    from fedhv.flower.protocol import MODEL
+
+    cfg = load_config("multimnist", [*SMALL, "train.clients_per_round=6", "calibration.rounds=2"])
+    honest_report = np.array([2.3, 2.2])
+
+    def node(client: int) -> Callable[[Message], Message]:
+        def reply(msg: Message) -> Message:
+            d = int(np.prod(msg.content.array_records[MODEL]["theta"].shape))
+            report = np.array(bad_report) if client == BAD else honest_report
+            update = np.full((1, d), 1e-4 * (client + 1))
+            return Message(result_content(StageResult(report=report, deltas=update)), reply_to=msg)
+        return reply
+
+    clients = range(cfg.partition.clients)
+    grid = LoopbackGrid({node_of(c): node(c) for c in clients})
+    nodes = NodeMap({c: node_of(c) for c in clients}, {c: {"samples": 64} for c in clients})
+
+    def factory(sampled: np.ndarray, round_idx: int, seed: int, stream: str) -> FlowerFederation:
+        return FlowerFederation(grid, nodes, sampled, round_idx, seed, stream, "sha", M)
+
+    result = calibrate(cfg, federated_data(cfg), federation_factory=factory)
+    np.testing.assert_allclose(result.reference, honest_report + 0.15, rtol=1e-6)  # float32 model: float32 reports
+    assert caplog.text.count(f"client {BAD} (SuperNode {node_of(BAD)}) rejected") == 2  # both rounds
