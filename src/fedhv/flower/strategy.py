@@ -78,7 +78,9 @@ def task_weights(msg: Message, num_tasks: int | None = None) -> list[float]:
 def fedhv_reply(msg: Message, arrays: ArrayRecord, report: Sequence[float], num_examples: int,
                 metrics: dict[str, float] | None = None) -> Message:
     """The client's reply to a train message: its arrays and, next to them, the report — its *m*
-    task losses evaluated at the model it *received* (before training) — plus ``num-examples``."""
+    task losses evaluated at the model it *received* (before training) — plus ``num-examples``.
+    Further ``metrics`` (finite numbers) are accepted by the server only when its Strategy
+    declares their keys (``metric_keys=[...]``); otherwise the reply is dropped."""
     values = [float(v) for v in report]
     if not values or not all(np.isfinite(values)):
         raise ConfigError(f"report = {values}: give the m finite task losses at the received model")
