@@ -51,6 +51,7 @@ def _load_in_child(call: str, root: Path, cache: Path) -> subprocess.CompletedPr
         from fedhv.errors import FedHVError
         from fedhv.data.cifar import load_cifar10
         from fedhv.data.celeba import load_celeba
+        from fedhv.data.idx import load_mnist
         try:
             {call}
         except FedHVError as exc:
@@ -75,10 +76,13 @@ def _one_line_naming(proc: subprocess.CompletedProcess[str], path: Path, *words:
         assert word in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("layout", ["cifar-folder", "celeba"])
-def test_a_fifo_in_the_data_root_is_refused_at_once(tmp_path: Path, layout: str) -> None:
+@pytest.mark.parametrize("layout", ["cifar-folder", "celeba", "mnist"])
+def test_a_fifo_in_the_data_root_is_refused_at_once(tmp_path: Path, layout: str, data_root: Path) -> None:
     root = tmp_path / "data"
-    if layout == "cifar-folder":
+    if layout == "mnist":
+        shutil.copytree(data_root / "mnist", root / "mnist")
+        entry, call = root / "mnist" / "t10k-labels-idx1-ubyte.gz", f"load_mnist({str(root)!r}, download=False)"
+    elif layout == "cifar-folder":
         entry, call = _cifar_folder(root), f"load_cifar10({str(root)!r}, download=False)"
     else:
         make_celeba(root / "celeba", n=20)

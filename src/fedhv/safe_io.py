@@ -39,7 +39,6 @@ import shutil
 import stat
 import tempfile
 import warnings
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -68,7 +67,8 @@ class UnsafeFileError(FedHVError, OSError):
         return str(self.args[0]) if self.args else ""
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """``a FIFO (named pipe)``, ``a character device``, ... for an ``st_mode`` that is not a regular file."""
     if stat.S_ISFIFO(mode):
         return "a FIFO (named pipe)"
     if stat.S_ISCHR(mode):
@@ -151,7 +151,7 @@ def open_regular(path: str | os.PathLike[str], *, follow: bool = False, root: Pa
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(f"{path} is {_kind(st.st_mode)}, not a regular file; fedhv reads only regular "
+            raise UnsafeFileError(f"{path} is {kind_of(st.st_mode)}, not a regular file; fedhv reads only regular "
                                   "files: replace it by the file itself", path)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
@@ -265,7 +265,7 @@ def check_destination(path: Path, replace_link: bool = False) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeFileError(f"{path} is a symbolic link (to {os.readlink(path)}); fedhv never writes through a "
                               "link: remove it or choose another output", path)
-    raise UnsafeFileError(f"{path} is {_kind(st.st_mode)}, not a regular file; fedhv writes only regular files: "
+    raise UnsafeFileError(f"{path} is {kind_of(st.st_mode)}, not a regular file; fedhv writes only regular files: "
                           "remove it or choose another output", path)
 
 

@@ -69,6 +69,13 @@ def find_file(root: Path, ds: SourceDataset, f: SourceFile) -> Path | None:
         for cand in _candidates(root / sub, f.name):
             if cand.is_file():
                 return cand
+            if os.path.lexists(cand):  # a FIFO, a device, a folder or a broken link: named, not "missing"
+                try:
+                    what = safe_io.kind_of(cand.stat().st_mode)
+                except OSError:
+                    what = "a broken symbolic link"
+                raise DataError(f"{cand} is {what}, not a regular file; fedhv reads only regular files: replace it "
+                                "by the file itself")
     return None
 
 
