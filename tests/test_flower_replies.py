@@ -234,3 +234,50 @@ def test_one_node_cannot_own_the_calibrated_reference(bad_report: list[float],
     result = calibrate(cfg, federated_data(cfg), federation_factory=factory)
     np.testing.assert_allclose(result.reference, honest_report + 0.15, rtol=1e-6)  # float32 model: float32 reports
     assert caplog.text.count(f"client {BAD} (SuperNode {node_of(BAD)}) rejected") == 2  # both rounds
+
+
+@pytest.mark.parametrize("case", ["nan", "sizes", "complex"])
+def test_a_reply_with_bad_model_buffers_is_rejected(case: str) -> None:
+    """BatchNorm statistics travel with the update: a reply whose buffers are non-finite, of other sizes
+    or not real is rejected as a whole (before, its update was averaged in); the global buffers are
+    the good replies' mean."""
+    from fedhv.config.loader import config_from_toml_text
+    from fedhv.experiment.setup import federated_data, make_engine, new_model
+    from fedhv.flower.protocol import MODEL
+    from test_flower import BN_CONFIG
+
+    cfg = config_from_toml_text(BN_CONFIG)
+    data = federated_data(cfg)
+    engine = make_engine(cfg, new_model(cfg, data, 1), data, 1, "train")
+    sizes = [b.numel() for b in engine.buffers]
+    start = [b.detach().clone() for b in engine.buffers]
+
+    def buffers_of(client: int) -> list[np.ndarray]:
+        out = [s.numpy() + (client + 1) for s in start]
+        if client == BAD:
+            if case == "nan":
+                out[0] = out[0].copy()
+                out[0].flat[0] = nan
+            elif case == "sizes":
+                out[0] = np.zeros(sizes[0] + 1)
+            else:
+                out[0] = out[0].astype(np.complex128)
+        return out
+
+    def node(client: int) -> Callable[[Message], Message]:
+        def reply(msg: Message) -> Message:
+            d = int(np.prod(msg.content.array_records[MODEL]["theta"].shape))
+            result = StageResult(report=report_of(client), deltas=np.full((1, d), 1e-3 * (client + 1)),
+                                 buffers=buffers_of(client))
+            return Message(result_content(result), reply_to=msg)
+        return reply
+
+    grid = LoopbackGrid({node_of(c): node(c) for c in (*GOOD, BAD)})
+    fed = federation(grid, "train", "mean")
+    fed.global_buffers = engine
+    theta = torch.zeros(sum(p.numel() for p in new_model(cfg, data, 1).parameters()), dtype=torch.float64)
+    Uniform(lr_global=1.0, report=True).round(Uniform(1.0).init_state(M), theta, fed)
+    assert [c for c, _ in fed.rejected] == [BAD] and "buffers" in fed.rejected[0][1]
+    for j, b in enumerate(engine.buffers):
+        want = np.mean([buffers_of(c)[j] for c in GOOD], axis=0)
+        np.testing.assert_allclose(b.detach().numpy().astype(np.float64), want.reshape(b.shape), rtol=1e-12)
