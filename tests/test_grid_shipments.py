@@ -102,6 +102,10 @@ def test_a_late_shipment_of_an_older_attempt_never_replaces_a_newer_one(tmp_path
     with pytest.raises(ShipError, match="is not a run directory"):
         col.store(RUN, b"not a tar", second)
     assert _lines(grid / RUN / "rounds.jsonl") == 40 and _lines(grid / RUN / "metrics.jsonl") == 40
+    third = col.register(RUN)  # an attempt writing in place (--storage auto on a node that sees OUT)
+    with pytest.raises(ShipError, match="attempt 2, but attempt 3 is the newest"):
+        col.store(RUN, _blob(tmp_path, 60), second)
+    assert third == 3 and _lines(grid / RUN / "rounds.jsonl") == 40
 
 
 def test_a_finished_run_is_never_overwritten_and_keeps_no_checkpoint(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ records the storage mode its last attempt used (``"storage": "shared"`` or ``"sh
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -117,19 +118,34 @@ def loopback_only() -> Iterator[None]:
     ``cluster_utils``) binds and advertises 127.0.0.1 only: :data:`LOOPBACK_ENV` is ``0`` in the
     environment its processes inherit and in Ray's already-imported constants. Both are restored
     afterwards (the started node keeps its address)."""
-    from ray._private import ray_constants
-
-    saved_env, saved = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    try:  # Ray's private constant, read at import; without it the variable alone (check_loopback decides)
+        from ray._private import ray_constants
+    except ImportError:  # pragma: no cover - another Ray layout
+        ray_constants = None
+    saved_env, saved = os.environ.get(LOOPBACK_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     os.environ[LOOPBACK_ENV] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if saved is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved
         if saved_env is None:
             os.environ.pop(LOOPBACK_ENV, None)
         else:
             os.environ[LOOPBACK_ENV] = saved_env
+
+
+def _loopback_host(address: str) -> bool:
+    """Whether ``address`` (``HOST:PORT``, optionally ``ray://``) names this machine's loopback."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_loopback(ray: Any) -> None:
@@ -151,7 +167,10 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
     address = opts.address or os.environ.get("RAY_ADDRESS")
     if address:  # join: ray.shutdown() then only disconnects this driver
-        ray.init(address=address, **kwargs)
+        # a loopback-only instance (e.g. 127.0.0.1:6379): Ray would turn 127.0.0.1 into this machine's routable
+        # address and never reach it
+        with loopback_only() if _loopback_host(address) else contextlib.nullcontext():
+            ray.init(address=address, **kwargs)
         return False
     with loopback_only():
         ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)  # never another's

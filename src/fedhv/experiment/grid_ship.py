@@ -161,12 +161,19 @@ class Collector:
             raise self._refuse(f"shipment refused: run directory {rel!r} is outside the grid folder {self.root}")
         return self.root / rel
 
-    def begin(self, rel: str) -> tuple[int, bytes | None]:
-        """A new attempt of the task of ``rel``: its attempt number (older attempts' shipments are
-        refused from now on) and the driver's copy to resume from (``None``: nothing there yet)."""
-        path = self._path(rel)
+    def register(self, rel: str) -> int:
+        """A new attempt of the task of ``rel`` (one writing in place too): its attempt number;
+        older attempts' shipments are refused from now on."""
+        self._path(rel)
         self.attempts[rel] = self.attempts.get(rel, 0) + 1
-        return self.attempts[rel], (pack_dir(path) if (path / "config.toml").is_file() else None)
+        return self.attempts[rel]
+
+    def begin(self, rel: str) -> tuple[int, bytes | None]:
+        """A new attempt of the task of ``rel`` that ships: :meth:`register`, and the driver's copy to
+        resume from (``None``: nothing there yet)."""
+        attempt = self.register(rel)
+        path = self.root / rel
+        return attempt, (pack_dir(path) if (path / "config.toml").is_file() else None)
 
     def store(self, rel: str, blob: bytes, attempt: int) -> int:
         """Replace the driver's copy of ``rel`` with ``blob``'s files; returns the rounds it holds.
@@ -314,6 +321,8 @@ def task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str
              collector: Any, driver: tuple[int, int | None] | None = None) -> dict[str, Any]:
     """A grid run as a Ray task: resumed when a copy of it exists, shipped back unless the
     driver's folder is shared. Returns the run's summary plus ``"storage"``."""
+    import ray
+
     from fedhv.experiment.calibration import CalibrationResult
     from fedhv.experiment.grid import run_job
 
@@ -323,13 +332,14 @@ def task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str
     rel = os.path.relpath(job.run_dir, root)
     cal = None if calibration is None else CalibrationResult.from_dict(calibration, source=job.calibration or "")
     if mode == "shared":
+        # an earlier attempt that shipped never overwrites this one. Not waited for: a task blocked in ray.get
+        # lends its CPU to the next queued task (Ray's rule), which would then start beside this one
+        collector.register.remote(rel)
         _wait_unlocked(Path(job.run_dir))
         return {**run_job(job, cal), "storage": "shared"}
     work = Path(tempfile.mkdtemp(prefix="fedhv-ray-run-"))  # fresh per attempt: attempts never share a folder
     local = work / rel  # the grid's relative path: run.log and messages name the run as on the driver
     try:
-        import ray
-
         attempt, blob = ray.get(collector.begin.remote(rel))
         if blob is not None:
             write_members(blob, local)
