@@ -47,6 +47,10 @@ BAD_DIAGNOSTICS = {
 }
 
 
+#: The damages also drawn by ``fedhv plot`` (seconds each): the scalar and the per-client readers.
+PLOTTED = ("string-scalar", "clients-not-objects")
+
+
 @pytest.mark.parametrize("damage", list(BAD_DIAGNOSTICS))
 def test_table_and_plot_skip_a_malformed_diagnostics_value(tree: Path, tmp_path: Path, damage: str) -> None:
     run = tree / RUN
@@ -57,6 +61,8 @@ def test_table_and_plot_skip_a_malformed_diagnostics_value(tree: Path, tmp_path:
     assert warnings and all(f"skipped the diagnostics of {run}/metrics.jsonl line" in w for w in warnings), \
         table.stderr
     assert "Table 11" in table.stdout  # the rest of each line is kept
+    if damage not in PLOTTED:
+        return
     plot = fedhv("plot", str(tree), "--out", str(tmp_path / "figs"), "--formats", "png")
     assert plot.returncode == 0 and "Traceback" not in plot.stderr, plot.stderr[-3000:]
     assert "warning: skipped the diagnostics of" in plot.stderr
