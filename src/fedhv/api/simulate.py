@@ -49,6 +49,7 @@ from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
 from fedhv.methods import FedHV, Method
 from fedhv.metrics.summary import PAPER_HV_REFERENCE
 from fedhv.sim.local_opt import LocalTraining
+from fedhv.safe_io import read_regular
 
 __all__ = ["History", "calibrate", "simulate"]
 
@@ -163,8 +164,9 @@ def _history(path: Path, summary: dict[str, Any], model: nn.Module, device: str,
 def _resume_check(path: Path, cfg: RunConfig, digest: str) -> None:
     """A resume must be given the run's own configuration (device aside) and data."""
     try:
-        stored = tomllib.loads((path / "config.toml").read_text())
-        env = json.loads((path / "environment.json").read_text())
+        # Regular files only, no links, bounded (fedhv.safe_io): a FIFO planted in a received run never hangs.
+        stored = tomllib.loads(read_regular(path / "config.toml").decode("utf-8"))
+        env = json.loads(read_regular(path / "environment.json"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"resume = {str(path)!r} is not a run directory of fedhv.simulate ({exc})") from None
     if stored.get("source") != SOURCE:
