@@ -48,8 +48,8 @@ from fedhv.experiment.calibration import CalibrationResult, load_calibration
 from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
 from fedhv.methods import FedHV, Method
 from fedhv.metrics.summary import PAPER_HV_REFERENCE
-from fedhv.sim.local_opt import LocalTraining
 from fedhv.safe_io import read_regular
+from fedhv.sim.local_opt import LocalTraining
 
 __all__ = ["History", "calibrate", "simulate"]
 
