@@ -227,6 +227,27 @@ def test_resume_replaces_a_hard_linked_run_file_by_a_private_copy(tmp_path: Path
     assert (run / "summary.json").is_file()
 
 
+@pytest.mark.parametrize("name", ["summary.json", "config.toml"])
+def test_resume_of_a_run_whose_file_is_a_fifo_is_refused_at_once(tmp_path: Path, name: str) -> None:
+    """A received run directory whose ``summary.json`` / ``config.toml`` is a FIFO: the resume
+    names the file in one line instead of waiting on the pipe for ever."""
+    sets = [a for o in SMALL for a in ("--set", o)]
+    run = tmp_path / "run"
+    done = _fedhv("run", "multimnist", "--method", "uniform", "--rounds", "2", "--out", str(run), "--quiet", *sets)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for gone in ("summary.json", "model.pt", name):
+        (run / gone).unlink(missing_ok=True)
+    os.mkfifo(run / name)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fedhv.cli", "run", "--resume", str(run), "--quiet"],
+                              capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the resume waited on the FIFO {run / name}")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], proc.stderr[-2000:]
+
+
 def test_safe_io_refuses_fifos_devices_and_links_by_name(tmp_path: Path) -> None:
     """The helper itself: each refusal is one line naming the file; none blocks."""
     from fedhv import safe_io

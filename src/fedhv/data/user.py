@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhv import safe_io
 from fedhv.config.schema import PartitionConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
@@ -133,8 +134,8 @@ def provenance(name: str, ub: UserBenchmark) -> dict[str, Any]:
         module = inspect.getmodule(resolve_benchmark(name))
         path = getattr(module, "__file__", None)
         if path:
-            with open(path, "rb") as f:
-                out["user"].update(file=str(path), sha256=hashlib.sha256(f.read()).hexdigest())
+            source = safe_io.read_regular(path, follow=True)
+            out["user"].update(file=str(path), sha256=hashlib.sha256(source).hexdigest())
     return out
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
+from fedhv import safe_io
 from fedhv.code_digest import code_record
 from fedhv.errors import ConfigError
 from fedhv.experiment.checkpoint import ResumeError
@@ -52,7 +54,7 @@ def _recorded_digest(env: dict[str, Any] | None, now: dict[str, Any]) -> str | N
     user = (env.get("data") or {}).get("user") if isinstance(env.get("data"), dict) else None
     if isinstance(user, dict) and user.get("file") == now["file"] and isinstance(user.get("sha256"), str):
         try:
-            digest = hashlib.sha256(Path(now["file"]).read_bytes()).hexdigest()
+            digest = hashlib.sha256(safe_io.read_regular(now["file"], follow=True)).hexdigest()
         except OSError:
             return None
         return now["sha256"] if digest == user["sha256"] else user["sha256"]

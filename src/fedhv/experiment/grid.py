@@ -55,6 +55,7 @@ from fedhv.experiment.grid_check import (  # noqa: F401 - re-exported
 )
 from fedhv.experiment.grid_worker import JobCancelled, guarded, init_worker, spawning_workers, stop_workers
 from fedhv.results.rundir import open_nofollow, write_json
+from fedhv.results.runfiles import read_bytes_nofollow
 from fedhv.safe_path import safe_child_path
 
 #: Ablation sweeps of paper Appendix C.5 (Table 10): config key and its values.
@@ -189,7 +190,7 @@ def _rounds_done(job: Job, finished: set[str]) -> int:
         finished.add(job.run_dir)
         return job.rounds
     try:
-        return min(job.rounds, (path / "rounds.jsonl").read_bytes().count(b"\n"))
+        return min(job.rounds, read_bytes_nofollow(path / "rounds.jsonl").count(b"\n"))
     except OSError:
         return 0
 

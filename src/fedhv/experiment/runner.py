@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from fedhv import safe_io
 from fedhv.code_digest import code_record
 from fedhv.config import dumps, to_dict
 from fedhv.config.flower import refuse_in_simulator, refuse_on_flower
@@ -76,7 +77,7 @@ def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool
 def _recorded_kernels(path: Path) -> dict[str, Any] | None:
     """``kernels`` from the run's ``environment.json`` (None when absent or unreadable)."""
     try:
-        value = json.loads((path / "environment.json").read_text()).get("kernels")
+        value = json.loads(read_bytes_nofollow(path / "environment.json")).get("kernels")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, dict) else None
@@ -85,7 +86,7 @@ def _recorded_kernels(path: Path) -> dict[str, Any] | None:
 def _recorded_threads(path: Path) -> int | None:
     """``torch_threads`` from the run's ``environment.json`` (None when absent or unreadable)."""
     try:
-        value = json.loads((path / "environment.json").read_text()).get("torch_threads")
+        value = json.loads(read_bytes_nofollow(path / "environment.json")).get("torch_threads")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -148,7 +149,7 @@ def pause_for_tests(run_path: Path, round_done: int) -> None:
     want = Path(os.environ.get(PAUSE_RUN_ENV, run_path.name)).parts  # a name, or a path's last parts
     if run_path.parts[-len(want):] != want:
         return
-    (run_path / PAUSE_FILE).write_text(str(round_done))
+    safe_io.write_atomic_bytes(run_path / PAUSE_FILE, str(round_done).encode())
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         time.sleep(0.05)
@@ -276,7 +277,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     """:func:`resume_experiment` with ``path`` locked by ``run``."""
     config_path = path / "config.toml"
     if (path / "summary.json").exists():
-        summary = json.loads((path / "summary.json").read_text())
+        summary = json.loads(read_bytes_nofollow(path / "summary.json"))
         log.info("%s is already complete (summary.json exists); nothing to resume", path)
         return summary
     text = read_bytes_nofollow(config_path).decode("utf-8", errors="replace")
@@ -382,14 +383,14 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         chunking = {} if federation_factory is not None else {"engine_chunk": chunk_record(cfg, engine)}
         if resumed is None:  # (a federation's clients train elsewhere: nothing to record)
             if chunking:
-                env = json.loads((run.path / "environment.json").read_text())
+                env = json.loads(read_bytes_nofollow(run.path / "environment.json"))
                 run.write_json("environment.json", {**env, **chunking})
         else:
             resumes = JsonlWriter(run.path / "resumes.jsonl")
             resumes.append({**resumed, **chunking})
             resumes.close()
         faults = FaultInjector(**dataclasses.asdict(cfg.faults), seed=cfg.seed, stream="train")
-        sha = config_digest((run.path / "config.toml").read_text())
+        sha = config_digest(read_bytes_nofollow(run.path / "config.toml").decode("utf-8", errors="replace"))
         if ckpt is None:
             theta, state, totals, last_eval = get_flat(model).clone(), None, RunTotals(), {}
             done, elapsed = 0, 0.0

@@ -64,6 +64,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from fedhv import safe_io
 from fedhv.algorithms.base import Replies, Request
 from fedhv.algorithms.validation import NoValidReplies, is_non_finite
 from fedhv.config.flower import MODULUS_RANGE, QUANTIZATION_RANGE
@@ -325,7 +326,7 @@ class SecureFlowerFederation(FlowerFederation):
                 "dropped": list(self.dropped), "rejected": [list(r) for r in self.rejected],
                 "unmask_lost": [list(r) for r in self.unmask_lost],
                 "node_map": {str(c): n for c, n in self.nodes.nodes.items()}}
-        name.with_suffix(".json").write_text(json.dumps(info, default=str))
+        safe_io.write_atomic_bytes(name.with_suffix(".json"), safe_io.dumps_strict(info, default=str).encode())
         arrays = {"theta": theta.detach().cpu().numpy(), **masked}
         if means is not None:
             arrays["deltas"] = means[0]

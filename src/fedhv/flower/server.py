@@ -27,6 +27,7 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedhv import safe_io
 from fedhv.config import dumps, to_dict
 from fedhv.config.flower import refuse_on_flower
 from fedhv.config.loader import config_from_toml_text
@@ -117,7 +118,7 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
         return resume_experiment(resume, progress=False, federation_factory=factory, hooks=hooks,
                                  accept_changed_code=accept)
-    cfg = config_from_toml_text(Path(str(run_config["config"])).read_text())
+    cfg = config_from_toml_text(safe_io.read_regular(str(run_config["config"]), safe_io.MiB * 16, follow=True).decode())
     text = dumps(to_dict(cfg))  # exactly what run_experiment writes to config.toml
     factory = federation_factory(grid, cfg, text, timeout, node_wait)
     out = str(run_config.get("out", "")) or None
