@@ -15,8 +15,8 @@ import pytest
 
 flwr_grid = pytest.importorskip("flwr.serverapp")
 
-from flwr.app import Message  # noqa: E402
-from flwr.serverapp import Grid  # noqa: E402
+from flwr.app import Message
+from flwr.serverapp import Grid
 
 Node = Callable[[Message], Message]
 

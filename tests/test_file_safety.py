@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from celeba_fixture import make_celeba
+
 from conftest import SMALL
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

@@ -15,14 +15,14 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from fedhv.algorithms.uniform import Uniform  # noqa: E402
-from fedhv.flower.federation import FlowerFederation, FlowerSetupError, NodeMap, handshake  # noqa: E402
-from fedhv.flower.node import StageResult  # noqa: E402
-from fedhv.flower.protocol import NODE, REPORT, UPDATE, result_content  # noqa: E402
-from loopback_grid import LoopbackGrid  # noqa: E402
-from loopback_grid import task_identity as _task_identity  # noqa: E402
+from fedhv.algorithms.uniform import Uniform
+from fedhv.flower.federation import FlowerFederation, FlowerSetupError, NodeMap, handshake
+from fedhv.flower.node import StageResult
+from fedhv.flower.protocol import NODE, REPORT, UPDATE, result_content
+from loopback_grid import LoopbackGrid
+from loopback_grid import task_identity as _task_identity
 
 M, D = 2, 5
 GOOD = (0, 1, 2)  # clients; client c is served by SuperNode 10 + c
@@ -207,11 +207,12 @@ def test_one_node_cannot_own_the_calibrated_reference(bad_report: list[float],
     """``fedhv.experiment.calibration.calibrate`` over the Flower back-end (the ServerApp's path): honest
     nodes report ``[2.3, 2.2]``; one node's ``[1e6, 0.1]`` (accepted before: r ~ [1.7e5, ...]) and the
     invalid ones are rejected naming the client and its SuperNode; r = [2.45, 2.35] as without it."""
-    from conftest import SMALL
     from fedhv.config import load_config
     from fedhv.experiment.calibration import calibrate
     from fedhv.experiment.setup import federated_data
     from fedhv.flower.protocol import MODEL
+
+    from conftest import SMALL
 
     cfg = load_config("multimnist", [*SMALL, "train.clients_per_round=6", "calibration.rounds=2"])
     honest_report = np.array([2.3, 2.2])

@@ -47,7 +47,7 @@ def _blob(tmp: Path, rounds: int, finished: bool = False) -> bytes:
     (run / "rounds.jsonl").write_text("".join(f'{{"round": {t}}}\n' for t in range(1, rounds + 1)))
     (run / "metrics.jsonl").write_text("".join(f'{{"round": {t}, "acc": 0.5}}\n' for t in range(1, rounds + 1)))
     if finished:
-        (run / "summary.json").write_text('{"rounds": %d}\n' % rounds)
+        (run / "summary.json").write_text(f'{{"rounds": {rounds}}}\n')
         (run / "model.pt").write_bytes(b"model")
     else:
         (run / "checkpoint.pt").write_bytes(b"checkpoint at %d" % rounds)

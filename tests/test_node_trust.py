@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL
 from flower_support import needs_flwr
+
+from conftest import SMALL
 
 BENCH = """setting = "trust"
 method = "uniform"

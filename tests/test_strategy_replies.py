@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from fedhv.flower.strategy import (  # noqa: E402
+from fedhv.flower.strategy import (
     REPORT_KEY,
     UNIT_KEY,
     FedHVStrategy,
@@ -23,8 +23,8 @@ from fedhv.flower.strategy import (  # noqa: E402
     fedhv_reply,
     task_weights,
 )
-from loopback_grid import LoopbackGrid  # noqa: E402
-from loopback_grid import task_identity as _task_identity  # noqa: E402
+from loopback_grid import LoopbackGrid
+from loopback_grid import task_identity as _task_identity
 
 M = 2
 GOOD = (1, 2, 3)  # node ids of the honest clients

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL
 from fedhv.config import load_config
 from fedhv.config.validation import validate
 from fedhv.errors import ConfigError
+
+from conftest import SMALL
 
 LIMIT_BYTES = 3 << 30
 

@@ -43,8 +43,8 @@ import stat
 import tarfile
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from fedhv.errors import FedHVError

@@ -293,7 +293,7 @@ def _positive(kind: type, name: str) -> Any:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not value > 0 or value != value or value == float("inf"):
+        if value is None or not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"{name} {text!r}: give a finite number > 0")
         return value
     return parse

@@ -27,12 +27,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import tomllib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import tomllib
 import torch
 
 from fedhv.algorithms.validation import ClientReply

@@ -9,10 +9,11 @@ import os
 import re
 import stat
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from fedhv.config import load_config
 from fedhv.config.flower import MAX_NODES, refuse_on_flower
