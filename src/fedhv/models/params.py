@@ -1,4 +1,10 @@
-"""Flat parameter vectors and seeded PyTorch-default initialisation."""
+"""Flat parameter vectors and seeded PyTorch-default initialisation.
+
+The flat vector ``theta`` holds a module's **trainable** parameters only (``requires_grad``
+true): a frozen parameter (``requires_grad=False``, e.g. a pretrained encoder kept fixed
+while fine-tuning) is not in ``theta``, so no engine, method or Flower stage moves, sends
+or counts it; it keeps the module's own value (:func:`set_flat` never writes it).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,24 @@ import torch
 from torch import nn
 
 
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of the module's trainable parameters (``requires_grad``), in
+    ``named_parameters`` order: the entries of the flat vector ``theta``."""
+    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+
+
+def frozen(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of the module's frozen parameters (``requires_grad=False``): not in ``theta``."""
+    return [(name, p) for name, p in module.named_parameters() if not p.requires_grad]
+
+
 @dataclass(frozen=True)
 class ParamLayout:
-    """Names, shapes and offsets of a module's parameters in one flat vector.
+    """Names, shapes and offsets of a module's trainable parameters in one flat vector.
 
     The flat vector ``theta`` has ``d = sum(numel)`` entries in ``named_parameters``
-    order; :meth:`views` maps ``[..., d]`` tensors back to per-parameter views
+    order, frozen parameters (``requires_grad=False``) left out; :meth:`views` maps
+    ``[..., d]`` tensors back to per-parameter views
     ``[..., *shape]`` without copying.
     """
 
@@ -27,7 +45,7 @@ class ParamLayout:
     def of(cls, module: nn.Module) -> ParamLayout:
         names, shapes, offsets = [], [], []
         off = 0
-        for name, p in module.named_parameters():
+        for name, p in trainable(module):
             names.append(name)
             shapes.append(tuple(p.shape))
             offsets.append(off)
@@ -52,15 +70,19 @@ class ParamLayout:
 
 
 def get_flat(module: nn.Module) -> torch.Tensor:
-    """Concatenate the module's parameters into one detached vector ``[d]``."""
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    """Concatenate the module's trainable parameters into one detached vector ``[d]``."""
+    params = [p.detach().reshape(-1) for _, p in trainable(module)]
+    if not params:
+        first = next(module.parameters(), None)
+        return torch.zeros(0) if first is None else first.detach().new_zeros(0)
+    return torch.cat(params)
 
 
 @torch.no_grad()
 def set_flat(module: nn.Module, flat: torch.Tensor) -> None:
-    """Copy ``flat`` ``[d]`` into the module's parameters."""
+    """Copy ``flat`` ``[d]`` into the module's trainable parameters (frozen ones keep their values)."""
     off = 0
-    for p in module.parameters():
+    for _, p in trainable(module):
         n = p.numel()
         p.copy_(flat[off : off + n].view_as(p))
         off += n

@@ -6,7 +6,8 @@ evaluates all copies at once with the model's ``forward_batched`` (copies folded
 the channel dimension: grouped convolutions and batched matrix products;
 ``torch.func.vmap`` as a fallback), differentiates ``sum_c L_c`` (copies are
 independent, so row ``c`` of the gradient is copy ``c``'s gradient) and applies SGD with
-momentum to all rows. ``chunk`` bounds how many copies run at once (memory).
+momentum to all rows (``d`` counts the trainable parameters only: frozen ones are passed to
+every copy unchanged, :mod:`fedhv.sim.engine`). ``chunk`` bounds how many copies run at once (memory).
 Reports are one evaluation pass over the union of the clients' report samples, since
 every client evaluates the same ``theta^t``.
 
@@ -109,11 +110,14 @@ class BatchedEngine(Engine):
         y = self.data.train_y[idx].view(n, b, -1)
         masks = {site: m[:, step] for site, m in plan.masks.items()}
         extra = () if buffers is None else (buffers,)
+        views = self.layout.views(params)
+        # frozen parameters: not in theta; every copy reads the model's own value (a stride-0 view, no copy)
+        views.update({name: p.detach().expand(n, *p.shape) for name, p in self.frozen.items()})
         if self.precision == "fp32":
-            logps = self._forward(self.layout.views(params), x, masks, *extra)
+            logps = self._forward(views, x, masks, *extra)
         else:
             with autocast(self.precision, self.device):
-                logps = self._forward(self.layout.views(params), x, masks, *extra)
+                logps = self._forward(views, x, masks, *extra)
             logps = to_dtype(logps, self.dtype)
         return (self.data.objective.batch_losses(logps, y) * w).sum()
 

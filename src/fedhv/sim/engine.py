@@ -26,6 +26,11 @@ not scaled by ``eta_g`` (they are statistics, not a descent direction). Gradient
 (:meth:`Engine.gradients`) and reports (eval mode) leave them unchanged. Models without
 buffers (every built-in one) skip all of this.
 
+Frozen parameters (``requires_grad=False``) are not part of ``theta`` (:mod:`fedhv.models.params`):
+every engine differentiates, clips and steps the trainable parameters only, and a frozen
+parameter keeps the working model's value in every forward pass (the batched engine
+passes it, unbatched, to every copy), so no method moves it and no update carries it.
+
 Precision: with ``precision = "bf16"`` every forward pass (local training, gradients,
 reports) runs under ``torch.autocast`` to bfloat16 and its outputs are cast back to the
 engine's dtype before the losses (:mod:`fedhv.sim.precision`); gradients and updates
@@ -40,7 +45,7 @@ import torch
 from fedhv.data.federated import FederatedData
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.base import MultiTaskModel
-from fedhv.models.params import ParamLayout, get_flat, set_flat
+from fedhv.models.params import ParamLayout, frozen, get_flat, set_flat, trainable
 from fedhv.sim.local import rotate
 from fedhv.sim.local_opt import LocalTraining
 from fedhv.sim.plan import ClientPlan, client_plan, report_indices
@@ -97,6 +102,11 @@ class Engine:
         self.precision = precision
         self.data = data
         self.layout = ParamLayout.of(model)
+        self.params = [p for _, p in trainable(model)]  # what training differentiates and steps
+        self.frozen = dict(frozen(model))  # fixed values every copy reads (not in theta)
+        if not self.params:
+            raise ValueError("the model has no trainable parameters (every parameter has requires_grad=False); "
+                             "leave at least one parameter trainable")
         self.local_steps = local_steps
         self.batch_size = batch_size
         self.lr_local = lr_local
@@ -227,7 +237,7 @@ class SequentialEngine(Engine):
             for t in range(len(w)):
                 set_flat(self.model, theta)
                 plan = self.plan(int(client), round_idx, 1, "grads", t)
-                grads = torch.autograd.grad(self._loss(plan, 0, w[t]), list(self.model.parameters()))
+                grads = torch.autograd.grad(self._loss(plan, 0, w[t]), self.params)
                 rows.append(torch.cat([g.reshape(-1) for g in grads]))
                 self.load_buffers(start)
             out.append(torch.stack(rows))
@@ -254,16 +264,16 @@ class SequentialEngine(Engine):
                 set_flat(self.model, theta)
                 self.load_buffers(start)
                 plan = self.plan(int(client), round_idx, steps, "train", t)
-                opt = self.local.make(self.model.parameters(), self.lr_local, self.momentum)
+                opt = self.local.make(self.params, self.lr_local, self.momentum)
                 for s in range(steps):
                     opt.zero_grad(set_to_none=True)
                     if s == 0 and first_step is not None:
-                        for p, g in zip(self.model.parameters(), self.layout.views(first_step[row, t]).values()):
+                        for p, g in zip(self.params, self.layout.views(first_step[row, t]).values()):
                             p.grad = g.clone()
                     else:
                         self._loss(plan, s, w[t]).backward()
                     if clip:
-                        torch.nn.utils.clip_grad_norm_(list(self.model.parameters()), clip)
+                        torch.nn.utils.clip_grad_norm_(self.params, clip)
                     opt.step()
                 deltas.append(get_flat(self.model) - theta)
                 finals.append(self.buffer_snapshot())

@@ -140,7 +140,8 @@ def _saved_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_size
                  input_dtype: torch.dtype | None = None) -> int:
     """Bytes of the distinct storages autograd saves in one copy's forward on ``batch_size`` samples."""
     device = next(model.parameters()).device
-    params = {n: p.detach().unsqueeze(0).to(dtype).clone().requires_grad_(True) for n, p in model.named_parameters()}
+    params = {n: p.detach().unsqueeze(0).to(dtype).clone().requires_grad_(p.requires_grad)
+              for n, p in model.named_parameters()}  # frozen ones save no weight gradient's inputs
     x = torch.zeros((1, batch_size, *input_shape), dtype=input_dtype or dtype, device=device)  # int: token ids
     masks = {s: torch.ones((1, batch_size, f), dtype=torch.bool, device=device)
              for s, f in model.dropout_sites().items()}

@@ -155,7 +155,7 @@ class ModuleAdapter(MultiTaskModel):
 
 def vmap_problem(model: ModuleAdapter, example: torch.Tensor) -> str | None:
     """``None`` when a two-copy batched forward and backward runs, else the error's first line."""
-    params = {n: p.detach().unsqueeze(0).expand(2, *p.shape).clone().requires_grad_(True)
+    params = {n: p.detach().unsqueeze(0).expand(2, *p.shape).clone().requires_grad_(p.requires_grad)
               for n, p in model.named_parameters()}
     x = example[:2].unsqueeze(0).expand(2, *example[:2].shape)
     masks = {s: torch.ones(2, x.shape[1], f, dtype=torch.bool, device=example.device) for s, f in model.dropout_sites().items()}
@@ -164,7 +164,8 @@ def vmap_problem(model: ModuleAdapter, example: torch.Tensor) -> str | None:
     try:
         model.train()
         outs = model.forward_batched(params, x, masks, buffers or None)
-        torch.autograd.grad(torch.stack([o.float().sum() for o in outs]).sum(), list(params.values()), allow_unused=True)
+        torch.autograd.grad(torch.stack([o.float().sum() for o in outs]).sum(),
+                            [p for p in params.values() if p.requires_grad], allow_unused=True)
     except Exception as exc:  # noqa: BLE001 - any failure means: use the sequential engine
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     finally:
