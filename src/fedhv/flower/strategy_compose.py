@@ -1,0 +1,75 @@
+"""fedhv's task weighting on another FedAvg-family Strategy: :func:`fedhv_strategy` (FedAdam, FedYogi, …)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from flwr.serverapp.strategy import FedAvg
+
+from fedhv.errors import ConfigError
+from fedhv.flower.strategy import FedHVStrategy, FedHVWeighting, UniformStrategy, _init
+
+__all__ = ["composition_problem", "fedhv_strategy"]
+
+_COMPOSED: dict[tuple[type, bool], type] = {}
+
+
+def fedhv_strategy(base: type[FedAvg], num_tasks: int, reference: Sequence[float] | None = None, *,
+                   weighting: str = "fedhv", **options: Any) -> FedHVWeighting:
+    """``base`` (FedAdam, FedYogi, FedAdagrad, FedAvgM, FedProx, FedAvg or your subclass) with FedHV's
+    (``weighting="fedhv"``) or uniform (``"uniform"``) task weighting: replies validated and averaged as
+    :class:`FedHVWeighting` does, then ``base``'s own step (a server optimiser's update, FedProx's
+    ``proximal-mu`` in the config). ``options``: FedHV's and ``base``'s keyword options.
+
+    ``base`` must reach FedAvg's ``configure_train`` and ``aggregate_train`` through ``super()``;
+    one that aggregates on its own (FedMedian, Krum, FedTrimmedAvg, QFedAvg, …) would bypass the
+    weighting and is refused. Flower's DP wrappers go *around* the result."""
+    if weighting not in ("fedhv", "uniform"):
+        raise ConfigError(f"weighting = {weighting!r}: use 'fedhv' or 'uniform'")
+    problem = composition_problem(base)
+    if problem is not None:
+        raise ConfigError(problem)
+    adaptive = weighting == "fedhv"
+    if base is FedAvg:
+        cls: type = FedHVStrategy if adaptive else UniformStrategy
+    else:
+        key = (base, adaptive)
+        if key not in _COMPOSED:
+            def __init__(self: FedHVWeighting, num_tasks: int, reference: Sequence[float] | None = None,
+                         **opts: Any) -> None:
+                _init(self, base, num_tasks, reference, **opts)
+
+            name = ("FedHV" if adaptive else "Uniform") + base.__name__
+            _COMPOSED[key] = type(name, (base, FedHVWeighting), {"__init__": __init__, "adaptive": adaptive,
+                                                                 "__module__": __name__, "__qualname__": name})
+        cls = _COMPOSED[key]
+    if not adaptive:
+        if reference is not None:
+            raise ConfigError("reference is FedHV's; uniform weighting takes none")
+        options = {"calibration_rounds": 0, **options}
+    return cls(num_tasks, reference, **options)
+
+
+def composition_problem(base: object) -> str | None:
+    """Why ``base`` cannot carry the task weighting, or ``None``."""
+    if not (isinstance(base, type) and issubclass(base, FedAvg)):
+        return (f"base = {base!r}: the task weighting composes with a FedAvg-family Strategy class (FedAvg, FedAdam, "
+                "FedYogi, FedAdagrad, FedAvgM, FedProx); wrap DP wrappers around the result instead")
+    if issubclass(base, FedHVWeighting):
+        return f"base = {base.__name__} already carries fedhv's task weighting"
+    for cls in base.__mro__[:base.__mro__.index(FedAvg)]:
+        for method in ("configure_train", "aggregate_train"):
+            fn = cls.__dict__.get(method)
+            if fn is None:
+                continue
+            try:
+                source = inspect.getsource(fn)
+            except (OSError, TypeError):
+                source = ""
+            if f"super().{method}(" not in source:
+                return (f"base = {base.__name__}: {cls.__name__}.{method} does not call super().{method}, so it "
+                        "would bypass fedhv's validation and task weighting; use FedAvg, FedAdam, FedYogi, "
+                        "FedAdagrad, FedAvgM or FedProx")
+    return None

@@ -1,0 +1,128 @@
+"""The messages of fedhv's Flower Strategies: the client's helpers and the evaluate replies' checks.
+
+A ClientApp reads the task weights of a train message with :func:`task_weights`, answers it with
+:func:`fedhv_reply` and answers an evaluate message with :func:`fedhv_evaluate_reply`. The
+Strategies (:mod:`fedhv.flower.strategy`) validate every reply before it counts; the checks of an
+evaluate reply live here (:func:`evaluate_reply_problem`), those of a train reply in the Strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedhv.algorithms.validation import count_problem
+from fedhv.errors import ConfigError
+
+WEIGHTS_KEY = "fedhv-weights"
+REPORT_KEY = "fedhv-report"
+UNIT_KEY = "fedhv-unit"  # 1 per reply (older servers weighted by it); the server now weights replies itself
+EXAMPLES_KEY = "num-examples"
+CALIBRATION_KEY = "fedhv-calibration"  # 1 in an aggregated train MetricRecord of a calibration round, else 0
+MAX_EVALUATE_KEYS = 64
+
+__all__ = ["fedhv_evaluate_reply", "fedhv_reply", "task_weights"]
+
+
+def task_weights(msg: Message, num_tasks: int | None = None) -> list[float]:
+    """The task weights ``wᵗ`` a FedHV / Uniform train message carries (client side).
+
+    They are found in whichever ``ConfigRecord`` of the message holds ``"fedhv-weights"``:
+    ``"config"`` unless the Strategy was built with another ``configrecord_key``.
+    """
+    holders = [rec for rec in msg.content.config_records.values() if WEIGHTS_KEY in rec]
+    if len(holders) != 1:
+        raise ConfigError(f"the train message has {len(holders)} ConfigRecords with {WEIGHTS_KEY!r} (expected 1): "
+                          "send it with fedhv.flower.strategy.FedHVStrategy, UniformStrategy or fedhv_strategy")
+    w = [float(v) for v in holders[0][WEIGHTS_KEY]]  # type: ignore[union-attr]
+    if num_tasks is not None and len(w) != num_tasks:
+        raise ConfigError(f"the server sent {len(w)} task weights but this client has {num_tasks} tasks")
+    return w
+
+
+def fedhv_reply(msg: Message, arrays: ArrayRecord, report: Sequence[float], num_examples: int,
+                metrics: dict[str, float] | None = None) -> Message:
+    """The client's reply to a train message: its arrays and, next to them, the report — its *m*
+    task losses evaluated at the model it *received* (before training) — plus ``num-examples``.
+    Further ``metrics`` (finite numbers) are accepted by the server only when its Strategy
+    declares their keys (``metric_keys=[...]``); otherwise the reply is dropped."""
+    values = [float(v) for v in report]
+    if not values or not all(np.isfinite(values)):
+        raise ConfigError(f"report = {values}: give the m finite task losses at the received model")
+    record = {REPORT_KEY: values, UNIT_KEY: 1.0, EXAMPLES_KEY: int(num_examples), **(metrics or {})}
+    return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(record)}), reply_to=msg)
+
+
+def fedhv_evaluate_reply(msg: Message, metrics: Mapping[str, float | Sequence[float]], num_examples: int) -> Message:
+    """The client's reply to an evaluate message: its metrics at the received model and the
+    number of examples they were computed on (the server's aggregate is weighted by it, as
+    FedAvg's). A metric is a finite number or a list of ``m`` finite numbers (one per task)."""
+    if count_problem(num_examples, EXAMPLES_KEY, 1, 2**62) is not None:
+        raise ConfigError(f"num_examples = {num_examples!r}: give the number (>= 1) of examples evaluated")
+    record: dict[str, float | list[float]] = {}
+    for key, value in metrics.items():
+        if key == EXAMPLES_KEY:
+            raise ConfigError(f"metrics has {EXAMPLES_KEY!r}: give it as num_examples=")
+        row = [float(v) for v in value] if isinstance(value, (list, tuple, np.ndarray)) else [float(value)]
+        if not row or not all(np.isfinite(row)):
+            raise ConfigError(f"metric {key!r} = {value!r}: give a finite number or a list of finite numbers")
+        record[key] = row if isinstance(value, (list, tuple, np.ndarray)) else row[0]
+    record[EXAMPLES_KEY] = int(num_examples)
+    return Message(RecordDict({"metrics": MetricRecord(record)}), reply_to=msg)
+
+
+def evaluate_reply_problem(reply: Message, num_tasks: int, max_num_examples: int) -> str | None:
+    """Why an evaluate reply must be dropped, or ``None``: no Flower error; one MetricRecord (and
+    no ArrayRecord or ConfigRecord); ``num-examples`` an integer in ``[1, max_num_examples]``;
+    at most 64 keys, each a finite number or a list of ``num_tasks`` finite numbers."""
+    if reply.has_error():
+        return f"Flower error {reply.error.code}: {reply.error.reason}"
+    content = reply.content
+    if len(content.metric_records) != 1 or content.array_records or content.config_records:
+        return (f"{len(content.array_records)} ArrayRecords, {len(content.metric_records)} MetricRecords and "
+                f"{len(content.config_records)} ConfigRecords; expected one MetricRecord "
+                "(build the reply with fedhv.flower.strategy.fedhv_evaluate_reply)")
+    metrics = next(iter(content.metric_records.values()))
+    if EXAMPLES_KEY not in metrics:
+        return f"metric key {EXAMPLES_KEY!r} missing (build the reply with fedhv.flower.strategy.fedhv_evaluate_reply)"
+    problem = count_problem(metrics[EXAMPLES_KEY], EXAMPLES_KEY, 1, max_num_examples)
+    if problem is not None:
+        return problem
+    if len(metrics) > MAX_EVALUATE_KEYS:
+        return f"{len(metrics)} metric keys (at most {MAX_EVALUATE_KEYS})"
+    for key, value in metrics.items():
+        row = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and len(value) != num_tasks:
+            return f"metric {key!r} is a list of {len(value)} values; a list metric has one value per task ({num_tasks})"
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) for v in row):
+            return f"metric {key!r} = {value!r} is not a finite number (or a list of finite numbers)"
+    return None
+
+
+def mean_metrics(records: Sequence[MetricRecord], share: Sequence[float], skip: Sequence[str] = ()) -> MetricRecord:
+    """Per key, the ``share``-weighted mean over the records carrying it (shares renormalised
+    among them); lists element-wise. Records in a fixed order give a bit-identical result."""
+    out = MetricRecord()
+    keys = sorted({k for rec in records for k in rec} - set(skip))
+    for key in keys:
+        rows = [(np.asarray(rec[key], dtype=np.float64), s) for rec, s in zip(records, share) if key in rec]
+        total = sum(s for _, s in rows)
+        mean = sum(((s / total) * row for row, s in rows), np.zeros_like(rows[0][0]))
+        out[key] = mean.tolist() if mean.ndim else float(mean)
+    return out
+
+
+def node_id(reply: Message) -> int:
+    """The node a reply comes from (``-1`` when it carries no readable metadata)."""
+    try:
+        return int(reply.metadata.src_node_id)
+    except Exception:  # noqa: BLE001 - a reply without metadata is still dropped with a reason
+        return -1
+
+
+def records(reply: Message) -> tuple[ArrayRecord, MetricRecord]:
+    """The one ArrayRecord and one MetricRecord of a (validated) train reply."""
+    content = reply.content
+    return next(iter(content.array_records.values())), next(iter(content.metric_records.values()))
