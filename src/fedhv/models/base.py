@@ -23,6 +23,11 @@ class MultiTaskModel(nn.Module):
         """Dropout sites and their feature sizes (empty when the model has none)."""
         return {}
 
+    def dropout_rates(self) -> dict[str, float]:
+        """Each dropout site's drop probability (default: ``dropout`` at every site); the plans
+        draw each site's keep-mask with its own probability (:mod:`fedhv.sim.plan`)."""
+        return {site: self.dropout for site in self.dropout_sites()}
+
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         raise NotImplementedError
 

@@ -161,7 +161,7 @@ class Engine:
         """The random choices of one trajectory (or gradient) of ``client``."""
         return client_plan(
             self.seed, self.stream, round_idx, client, self.data.parts[client], steps, self.batch_size,
-            self.data.augment, self.model.dropout_sites(), self.model.dropout, tag, copy,
+            self.data.augment, self.model.dropout_sites(), self.model.dropout_rates(), tag, copy,
         )
 
     def report_indices(self, client: int, round_idx: int, budget: int | str) -> torch.Tensor:

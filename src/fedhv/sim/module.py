@@ -6,7 +6,9 @@
 - every ``nn.Dropout`` is replaced by a keyed dropout that multiplies by the plan's
   keep-mask (``h * mask / (1 - p)``; :mod:`fedhv.sim.plan`), so the sequential and the
   batched engine draw identical masks and runs resume exactly; in eval mode it is the
-  identity, as ``nn.Dropout`` is;
+  identity, as ``nn.Dropout`` is. Each layer keeps its own ``p``; ``F.dropout`` calls in
+  ``forward`` are keyed the same way and any other random call is refused before round 1
+  (:mod:`fedhv.sim.keyed`);
 - :meth:`ModuleAdapter.forward_batched` runs ``n`` parameter copies at once with
   ``vmap(functional_call(...), randomness="different")`` over ``(params [n, ...],
   x [n, B, ...], masks [n, B, F])``.
@@ -31,26 +33,8 @@ from torch.func import functional_call, vmap
 
 from fedhv.errors import ConfigError
 from fedhv.models.base import MultiTaskModel
-
-
-class _MaskBox:
-    """The keep-masks of the current forward call (shared by the adapter and its dropouts)."""
-
-    masks: dict[str, torch.Tensor] | None = None
-
-
-class KeyedDropout(nn.Module):
-    """Inverted dropout with the caller's keep-mask for ``site`` (identity without one)."""
-
-    def __init__(self, p: float, site: str, box: _MaskBox) -> None:
-        super().__init__()
-        self.p, self.site, self._box = p, site, box
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        masks = self._box.masks
-        if not masks or self.site not in masks:
-            return h
-        return h * masks[self.site].reshape(h.shape).to(h.dtype) * (1.0 / (1.0 - self.p))
+from fedhv.models.params import trainable
+from fedhv.sim.keyed import KeyedDropout, KeyedFunctional, MaskBox, functional_site, probe_random
 
 
 class ModuleAdapter(MultiTaskModel):
@@ -75,13 +59,11 @@ class ModuleAdapter(MultiTaskModel):
         self.task_names = task_names
         self.head_prefix = f"module.{heads}."
         self.heads_name = heads
-        self._box = _MaskBox()
+        self._box = MaskBox()
+        if not trainable(self.module):
+            raise ConfigError("the model has no trainable parameter (every parameter has requires_grad=False); "
+                              "leave at least one parameter trainable (requires_grad=True)")
         drops = [(n, m) for n, m in self.module.named_modules() if type(m) is nn.Dropout and m.p > 0]
-        probs = sorted({m.p for _, m in drops})
-        if len(probs) > 1:
-            raise ConfigError(f"the model's nn.Dropout layers use p = {probs}; the simulator draws one keep-mask "
-                              "probability per model, so give all nn.Dropout layers the same p")
-        self.dropout = probs[0] if probs else 0.0
         shapes: dict[str, tuple[int, ...]] = {}
         hooks = [m.register_forward_hook(lambda mod, inp, out, n=n: shapes.__setitem__(n, tuple(inp[0].shape[1:])))
                  for n, m in drops]
@@ -100,13 +82,23 @@ class ModuleAdapter(MultiTaskModel):
                 h.remove()
         self._outputs(out)
         self._sites = {n: math.prod(shapes[n]) for n, _ in drops}
-        for name, _ in drops:
+        self._rates = {n: float(m.p) for n, m in drops}
+        for name, m in drops:
             parent, _, leaf = name.rpartition(".")
             setattr(self.module.get_submodule(parent) if parent else self.module, leaf,
-                    KeyedDropout(self.dropout, name, self._box))
+                    KeyedDropout(float(m.p), name, self._box))
+        calls = probe_random(self.module, example)  # F.dropout calls keyed; other random calls refused here
+        for k, (p, size) in enumerate(calls):
+            self._sites[functional_site(k)] = size
+            self._rates[functional_site(k)] = p
+        self._functional = [p for p, _ in calls]
+        self.dropout = max(self._rates.values(), default=0.0)  # the largest rate (each site has its own)
 
     def dropout_sites(self) -> dict[str, int]:
         return dict(self._sites)
+
+    def dropout_rates(self) -> dict[str, float]:
+        return dict(self._rates)
 
     def user_state_dict(self) -> dict[str, torch.Tensor]:
         """The user's module's ``state_dict`` (its own key names: no ``module.`` prefix)."""
@@ -126,9 +118,12 @@ class ModuleAdapter(MultiTaskModel):
         return outs
 
     def forward(self, x: torch.Tensor, masks: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
-        self._box.masks = masks
+        self._box.masks, self._box.calls = masks, 0
         try:
-            return self._outputs(self.module(x))
+            if not self._functional:
+                return self._outputs(self.module(x))
+            with KeyedFunctional(self._box, self._functional):
+                return self._outputs(self.module(x))
         finally:
             self._box.masks = None
 

@@ -109,7 +109,7 @@ def client_plan(
     batch: int,
     augment: Augment | None,
     dropout_sites: dict[str, int],
-    dropout_p: float,
+    dropout_p: float | dict[str, float],
     tag: str = "train",
     copy: int = 0,
 ) -> ClientPlan:
@@ -118,7 +118,9 @@ def client_plan(
     ``tag`` names the client computation (``"train"``, ``"grads"``) and ``copy`` the
     trajectory or gradient index within it, so that every trajectory of every client
     has its own independent stream. Draws are made on the CPU and the plan is moved
-    to ``local``'s device.
+    to ``local``'s device. ``dropout_p``: the drop probability of every site, or one per site
+    (a model with several dropout rates); the sites' masks are drawn in ``dropout_sites``
+    order from one stream, each with its own probability.
     """
     device = local.device
     keys = (round_idx, client, tag, copy)
@@ -137,7 +139,8 @@ def client_plan(
         flips = flips.to(device)
     gd = torch_generator(seed, stream, "dropout", *keys)
     masks = {
-        site: (torch.rand(steps, batch, size, generator=gd) >= dropout_p).to(device)
+        site: (torch.rand(steps, batch, size, generator=gd)
+               >= (dropout_p[site] if isinstance(dropout_p, dict) else dropout_p)).to(device)
         for site, size in dropout_sites.items()
     }
     return ClientPlan(batches, angles, masks, flips)
