@@ -67,6 +67,7 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
     assert not (out / "checkpoint.pt").exists()
     assert len(rounds_of(out)) == 2 and "run directory:" in output
     assert json.loads((out / "summary.json").read_text())["engine"] == "sequential"  # what the nodes ran
+    assert 'engine = "sequential"' in (out / "config.toml").read_text()  # and config.toml agrees
     argv = json.loads((out / "environment.json").read_text())["argv"]  # the ServerApp's (issue 29: its token)
     assert "--token" in argv and argv[argv.index("--token") + 1] == "<redacted>", argv
     served = json.loads((out / "environment.json").read_text())["clients"]

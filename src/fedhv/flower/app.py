@@ -54,7 +54,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.flower.client import app as client_app
 from fedhv.flower.federation import FlowerSetupError, ask_nodes
 from fedhv.flower.protocol import INFO, NODE, as_int
-from fedhv.flower.server import LogProgress, round_line
+from fedhv.flower.server import LogProgress, on_flower, round_line
 
 server_app = ServerApp()
 log = logging.getLogger("fedhv")
@@ -216,7 +216,7 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     # clients given: no discovery pass (the handshake still checks every partition is served): at
     # 10,000 virtual SuperNodes each pass over the nodes costs minutes in Flower's message store
     nodes = opts.clients or discover_partitions(grid, opts.node_wait)  # asks node_config only: no data
-    cfg = run_config_to_fedhv(opts, nodes)
+    cfg = on_flower(run_config_to_fedhv(opts, nodes))  # config.toml: the engine the nodes run
     text = dumps(to_dict(cfg))
     log.info("fedhv: %s %s seed %d on %d SuperNodes, %d rounds", cfg.setting, cfg.method, cfg.seed, nodes, cfg.rounds)
     from fedhv.flower.runconf import default_out

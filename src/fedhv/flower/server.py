@@ -18,6 +18,7 @@ and summary as ``fedhv run``. A failure raises, so Flower marks the run failed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -99,6 +100,13 @@ def round_line(total: int) -> Any:
     return on_round
 
 
+def on_flower(cfg: RunConfig) -> RunConfig:
+    """``cfg`` as a Flower run runs it: the nodes compute with the sequential engine
+    (:mod:`fedhv.flower.node`), so the run's ``config.toml`` says ``engine = "sequential"``, as its
+    ``summary.json`` does."""
+    return dataclasses.replace(cfg, engine="sequential")
+
+
 def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) one experiment over ``grid``; returns its summary."""
     from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
@@ -118,7 +126,8 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
         return resume_experiment(resume, progress=False, federation_factory=factory, hooks=hooks,
                                  accept_changed_code=accept)
-    cfg = config_from_toml_text(safe_io.read_regular(str(run_config["config"]), safe_io.MiB * 16, follow=True).decode())
+    cfg = on_flower(config_from_toml_text(safe_io.read_regular(str(run_config["config"]), safe_io.MiB * 16,
+                                                               follow=True).decode()))
     text = dumps(to_dict(cfg))  # exactly what run_experiment writes to config.toml
     factory = federation_factory(grid, cfg, text, timeout, node_wait)
     out = str(run_config.get("out", "")) or None
