@@ -86,17 +86,25 @@ def test_table10_ablation_rows_and_paper_values(grid_dir: Path) -> None:
     runs, _ = find_runs(grid_dir)
     t = table10(runs, paper=True)
     variants = [labels[2] for labels in t.labels if labels[0]]
-    assert variants == ["1", "5", "10", "20"]
+    # the standard FedHV runs (local_steps = 3, two seeds) are the sweep's baseline row
+    assert variants == ["1", "3 (baseline)", "5", "10", "20"]
     assert not [labels for labels in t.labels if labels[-1] == "paper"]  # the paper's sweeps are CIFAR10-MNIST-B's
+    assert not [n for n in t.notes if "No baseline" in n]
     # Within the sweep: bold the variant with the highest MeanAcc / lowest MeanLoss, underline the next.
     finals = {r.config_value("train.local_steps"): r.summary for r in runs if r.variant}
+    base = [r.summary for r in runs if r.variant is None and r.method == "fedhv"]
+    finals[3] = {k: statistics.fmean(s[k] for s in base) for k in ("mean_acc", "mean_loss")}
     sweep = [(labels, cells) for labels, cells in zip(t.labels, t.rows) if labels[0]]
     for col, key, sign in ((0, "mean_acc", -1), (1, "mean_loss", 1)):
         ranked = sorted(finals, key=lambda k: sign * finals[k][key])
-        marks = {int(labels[2]): cells[col].mark for labels, cells in sweep}
+        marks = {int(labels[2].split()[0]): cells[col].mark for labels, cells in sweep}
         assert marks == {k: {0: "best", 1: "second"}.get(ranked.index(k), "") for k in finals}, key
-        assert {int(labels[2]): cells[col].stat.mean for labels, cells in sweep} == {  # type: ignore[union-attr]
-            k: finals[k][key] for k in finals}
+        assert {int(labels[2].split()[0]): cells[col].stat.mean for labels, cells in sweep} == pytest.approx({
+            k: finals[k][key] for k in finals}, abs=1e-9)
+    # Without the standard runs the sweep stands alone, and the table says so.
+    alone = table10([r for r in runs if r.variant], paper=True)
+    assert [labels[2] for labels in alone.labels if labels[0]] == ["1", "5", "10", "20"]
+    assert any("No baseline" in n and "MultiMNIST (local_steps)" in n for n in alone.notes), alone.notes
     # The same runs labelled as CIFAR10-MNIST-B get the paper's values beside them.
     relabelled = [dataclasses.replace(r, summary={**r.summary, "setting": "cifar10-mnist-b"}) for r in runs]
     t = table10(relabelled, paper=True)

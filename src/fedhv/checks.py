@@ -139,6 +139,9 @@ def check_model(adapter: nn.Module, x: torch.Tensor, y: torch.Tensor, tasks: Seq
     for t, o in zip(tasks, outputs):
         if not isinstance(o, torch.Tensor):
             raise ConfigError(f"task {t.name!r}: the model's output is {type(o).__name__}; return a tensor per task")
+        if not o.is_floating_point():
+            raise ConfigError(f"task {t.name!r}: the model's output has dtype {o.dtype}; return floating-point outputs "
+                              "(logits or predictions, not .argmax() or .long() of them)")
         if tuple(o.shape) != (rows, t.size):
             raise ConfigError(f"task {t.name!r}: the model's output has shape {list(o.shape)} for {rows} rows; expected "
                               f"[{rows}, {t.size}] (batch, Task.size = {t.size}); make the head {t.size} wide or set "

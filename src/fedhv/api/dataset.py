@@ -13,7 +13,11 @@ Partitions (``partition=``):
   ``q ~ Dir(alpha 1_N)`` over the clients); sizes vary, no sample is shared (the
   ``"dirichlet"`` rule recycles samples when a stratum runs dry, with a warning);
 - ``"ids"``: a natural id column ``ids [n]`` (writer, hospital, ...): one client per
-  distinct id, in sorted id order.
+  distinct id, in natural id order: numbers ascending, strings compared by their digit runs
+  as numbers (``"user_2"`` before ``"user_10"``), numbers before strings. A missing id
+  (``None``, NaN) is refused naming its row; so is ``clients=`` (the ids make the clients)
+  unless it equals the number of distinct ids. :attr:`FederatedDataset.client_ids` maps
+  client ``c`` back to its id.
 
 A client with fewer samples than the batch size takes every minibatch from a stream of
 its shuffled epochs, so a batch repeats samples (:func:`fedhv.sim.plan.epoch_batches`),
@@ -23,6 +27,9 @@ on every engine and on Flower.
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhv.api.arguments import as_seed
 from fedhv.api.tasks import Task, TaskObjective, as_tasks
-from fedhv.checks import check_inputs, check_lengths, check_seed, check_targets
+from fedhv.checks import check_inputs, check_lengths, check_targets
 from fedhv.data.federated import FederatedData
 from fedhv.data.partition import dirichlet_partition, disjoint_dirichlet_partition
 from fedhv.errors import ConfigError
@@ -86,16 +94,71 @@ def _targets(targets: TensorLike | Sequence[TensorLike], tasks: tuple[Task, ...]
     return y
 
 
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isnan(float(v)))
+
+
+def _plain(v: Any) -> Any:
+    """A numpy / torch scalar id as the Python value it holds (``np.str_("a")`` -> ``"a"``)."""
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _natural(v: Any) -> tuple[Any, ...]:
+    """Sort key: numbers by value, then strings by their text with digit runs compared as numbers."""
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return (0, float(v))
+    text = str(v)
+    return (1, tuple((0, int(p), p) if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p), text)
+
+
+def _id_clients(ids: TensorLike | Sequence[Any], n: int, clients: int | None) -> tuple[list[torch.Tensor], tuple]:
+    """One client per distinct id (natural order), each client's rows ascending; and the ids."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    values = [_plain(v) for v in (ids.tolist() if isinstance(ids, np.ndarray) else list(ids))]
+    if len(values) != n:
+        raise ConfigError(f"partition = \"ids\" needs ids = one client id per sample ({n} values, got "
+                          f"{len(values)}); pass ids=")
+    bad = next((i for i, v in enumerate(values) if _missing(v)), None)
+    if bad is not None:
+        raise ConfigError(f"ids[{bad}] = {values[bad]!r} is not a client id; every sample needs one (drop row {bad} "
+                          "or give it an id)")
+    rows: dict[Any, list[int]] = {}
+    for i, v in enumerate(values):
+        rows.setdefault(v, []).append(i)
+    order = sorted(rows, key=_natural)
+    if clients is not None and clients != len(order):
+        raise ConfigError(f"clients = {clients} with partition = \"ids\": the ids make {len(order)} clients (one "
+                          f"per distinct id); drop clients= (or pass clients={len(order)})")
+    return [torch.tensor(rows[v], dtype=torch.int64) for v in order], tuple(order)
+
+
 def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tasks: tuple[Task, ...],
-               clients: int, samples_per_client: int | None, alpha: float, seed: int,
-               strata: TensorLike | None, ids: TensorLike | None) -> torch.Tensor | RaggedParts:
+               clients: int | None, samples_per_client: int | None, alpha: float, seed: int,
+               strata: TensorLike | None, ids: TensorLike | None
+               ) -> tuple[torch.Tensor | RaggedParts, tuple[Any, ...] | None]:
+    """The client index sets and, for ``partition="ids"``, each client's id."""
+    if not isinstance(spec, str) or spec != "ids":
+        if ids is not None:
+            raise ConfigError(f"ids= is given but partition = {spec!r} does not use it; pass partition=\"ids\" "
+                              "(one client per distinct id) or drop ids=")
+        if not isinstance(spec, str) and clients is not None and clients != len(spec):
+            raise ConfigError(f"clients = {clients} but the partition lists {len(spec)} clients; drop clients= "
+                              f"(the list makes the clients) or pass clients={len(spec)}")
+        clients = 10 if clients is None else clients
+    if isinstance(spec, str) and spec in ("dirichlet", "dirichlet-disjoint") and (
+            isinstance(clients, bool) or not isinstance(clients, numbers.Integral) or clients < 1):
+        raise ConfigError(f"clients = {clients!r} must be an integer >= 1 (how many clients the rule makes)")
+    ids_out = None
     if isinstance(spec, str) and spec == "dirichlet":
         if strata is None:
             first = next((i for i, t in enumerate(tasks) if t.kind == "classification"), None)
             col = sum(t.width for t in tasks[:first]) if first is not None else None
             strata = np.zeros(n, np.int64) if col is None else y[:, col].long().numpy()
         s = samples_per_client or n // clients
-        return torch.from_numpy(dirichlet_partition(np.asarray(strata), clients, s, alpha, seed))
+        return torch.from_numpy(dirichlet_partition(np.asarray(strata), clients, s, alpha, seed)), None
     if isinstance(spec, str) and spec == "dirichlet-disjoint":
         if strata is None:
             first = next((i for i, t in enumerate(tasks) if t.kind == "classification"), None)
@@ -103,14 +166,12 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
             strata = np.zeros(n, np.int64) if col is None else y[:, col].long().numpy()
         rows = [torch.from_numpy(r) for r in disjoint_dirichlet_partition(np.asarray(strata), clients, alpha, seed)]
     elif isinstance(spec, str) and spec == "ids":
-        if ids is None or len(ids) != n:
+        if ids is None:
             raise ConfigError(f"partition = \"ids\" needs ids = one client id per sample ({n} values); pass ids=")
-        id_col = np.asarray(ids)
-        # one stable sort instead of a pass over the data per id: each client's indices ascending,
-        # clients in the order of their sorted ids (as np.flatnonzero(id_col == v) for v in np.unique)
-        order = np.argsort(id_col, kind="stable")
-        _, starts = np.unique(id_col[order], return_index=True)
-        rows = [torch.from_numpy(r) for r in np.split(order.astype(np.int64), starts[1:])]
+        if samples_per_client is not None:
+            raise ConfigError(f"samples_per_client = {samples_per_client} with partition = \"ids\": each client "
+                              "holds the rows of its id; drop samples_per_client=")
+        rows, ids_out = _id_clients(ids, n, clients)
     elif isinstance(spec, str):
         raise ConfigError(f"partition = {spec!r} is unknown; use \"dirichlet\", \"dirichlet-disjoint\", \"ids\" or a "
                           "list of index lists")
@@ -123,8 +184,8 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
     if not any(len(r) for r in rows):
         raise ConfigError("partition: every client is empty; give at least one client samples")
     if len({len(r) for r in rows}) == 1:
-        return torch.stack(rows)
-    return RaggedParts(rows)
+        return torch.stack(rows), ids_out
+    return RaggedParts(rows), ids_out
 
 
 @dataclass
@@ -141,6 +202,15 @@ class FederatedDataset:
     parts: torch.Tensor | RaggedParts
     test: tuple[torch.Tensor, torch.Tensor] | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    #: Client ``c``'s id: its natural id under ``partition="ids"``, else ``c`` itself.
+    client_ids: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.client_ids:
+            self.client_ids = tuple(range(self.num_clients))
+        elif len(self.client_ids) != self.num_clients:
+            raise ConfigError(f"client_ids has {len(self.client_ids)} ids for {self.num_clients} clients; give one "
+                              "id per client")
 
     @property
     def num_clients(self) -> int:
@@ -153,7 +223,7 @@ class FederatedDataset:
 
     @classmethod
     def from_tensors(cls, x: TensorLike, targets: TensorLike | Sequence[TensorLike], tasks: Sequence[Task | str], *,
-                     partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int = 10,
+                     partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
                      samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
                      strata: TensorLike | None = None, ids: TensorLike | None = None,
                      test: tuple[TensorLike, TensorLike | Sequence[TensorLike]] | None = None) -> FederatedDataset:
@@ -165,29 +235,33 @@ class FederatedDataset:
         targets : Tensor ``[n, cols]`` or one Tensor per task (``[n]`` or ``[n, width]``)
         tasks : sequence of Task or str (a bare name = binary classification)
         clients, samples_per_client, alpha, seed, strata
-            The Dirichlet rule's ``N``, ``S`` (default ``n // N``), ``alpha``, partition seed
-            and strata (default: the first classification task's labels).
-        ids : Tensor ``[n]``
-            Natural client ids for ``partition="ids"``.
+            The Dirichlet rule's ``N`` (default 10), ``S`` (default ``n // N``), ``alpha``,
+            partition seed (any integer, ``numpy.int64`` too) and strata (default: the first
+            classification task's labels). With ``partition="ids"`` or a list, the partition
+            makes the clients: ``clients=`` other than their number is refused.
+        ids : Tensor, array or sequence ``[n]``
+            Natural client ids for ``partition="ids"`` (numbers or strings; ``None`` / NaN
+            refused); refused with another partition.
         test : (x_test, targets_test), optional
             Evaluation data (no evaluation without it).
         """
         ts = as_tasks(tasks)
-        check_seed("seed", seed)
+        seed = as_seed("seed", seed)
         xt = _tensor(x, "x")
         check_inputs(xt, "x")
         y = _targets(targets, ts, len(xt), "targets")
-        parts = _partition(partition, len(xt), y, ts, clients, samples_per_client, alpha, seed, strata, ids)
+        parts, client_ids = _partition(partition, len(xt), y, ts, clients, samples_per_client, alpha, seed, strata,
+                                       ids)
         test_t = None
         if test is not None:
             tx = _tensor(test[0], "test[0]")
             check_inputs(tx, "test[0]")
             test_t = (tx, _targets(test[1], ts, len(tx), "test[1]"))
-        return cls(ts, xt, y, parts, test_t)
+        return cls(ts, xt, y, parts, test_t, client_ids=client_ids or ())
 
     @classmethod
     def from_datasets(cls, train: Any, test: Any | None = None, tasks: Sequence[Task | str] = (), *,
-                      partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int = 10,
+                      partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
                       samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
                       strata: TensorLike | None = None, ids: TensorLike | None = None,
                       max_bytes: int | None = None, progress: bool = True) -> FederatedDataset:

@@ -47,6 +47,9 @@ class History:
         Wall-clock time of the whole call (calibration included).
     stopped_early : bool
         Whether a ``callback`` stopped the run before ``rounds``.
+    client_ids : list
+        Client ``c``'s id (``FederatedDataset.client_ids``: its natural id under
+        ``partition="ids"``, else ``c``); ``rounds[k]["clients"]`` hold client indices ``c``.
     """
 
     rounds: list[dict[str, Any]]
@@ -61,7 +64,12 @@ class History:
     task_metrics: list[dict[str, Any]] = field(default_factory=list)
     hv_reference: list[float] = field(default_factory=list)
     stopped_early: bool = False
+    client_ids: list[Any] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def round_client_ids(self, k: int) -> list[Any]:
+        """The ids of the clients sampled in ``rounds[k]`` (``client_ids[c]`` of each index ``c``)."""
+        return [self.client_ids[c] for c in self.rounds[k].get("clients") or []]
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One flat dict per round, pandas-ready (``pandas.DataFrame(hist.to_rows())``).

@@ -1,8 +1,9 @@
 """Materialise map-style datasets once to tensors (:meth:`fedhv.FederatedDataset.from_datasets`).
 
 The engines index one tensor per split, so a ``torch.utils.data.Dataset`` is read item by
-item into preallocated tensors, once. Before reading, the memory is estimated from the
-first item::
+item into preallocated tensors, once. A PIL image becomes what
+``torchvision.transforms.ToTensor`` makes of it (:func:`pil_to_tensor`: float32 ``[C, H, W]``,
+8-bit values divided by 255). Before reading, the memory is estimated from the first item::
 
     bytes ~ sum over splits of len(split) * (x_0.numel() * x_0.element_size() + 8 * W)
 
@@ -52,6 +53,25 @@ def _check_dataset(ds: Any, what: str) -> int:
     return n
 
 
+def _is_pil(v: object) -> bool:
+    """Whether ``v`` is a PIL image (checked by type, so PIL need not be installed)."""
+    return any(c.__module__.startswith("PIL.") and c.__name__ == "Image" for c in type(v).__mro__)
+
+
+def pil_to_tensor(image: Any) -> torch.Tensor:
+    """A PIL image as ``torchvision.transforms.ToTensor`` makes it: float32 ``[C, H, W]``.
+
+    Images of 8-bit modes (``"L"``, ``"RGB"``, ``"RGBA"``, ``"P"`` is converted to ``"RGB"``)
+    are scaled to ``[0, 1]`` (``value / 255``); 16- and 32-bit modes (``"I"``, ``"I;16"``,
+    ``"F"``) keep their values as float32.
+    """
+    if image.mode in ("P", "PA", "CMYK", "YCbCr", "LAB", "HSV", "1", "LA"):
+        image = image.convert("RGBA" if image.mode in ("PA", "LA") else "RGB" if image.mode != "1" else "L")
+    arr = np.array(image)
+    t = torch.from_numpy(arr if arr.ndim == 3 else arr[:, :, None]).permute(2, 0, 1).contiguous()
+    return t.float().div(255.0) if t.dtype == torch.uint8 else t.float()
+
+
 def _item(ds: Any, i: int, what: str) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """``(x, y row, client id or None)`` of item ``i``."""
     item = ds[i]
@@ -59,7 +79,10 @@ def _item(ds: Any, i: int, what: str) -> tuple[torch.Tensor, torch.Tensor, Any]:
         raise ConfigError(f"{what}[{i}] is a {type(item).__name__}; items must be (x, y) or (x, y, client_id) "
                          "tuples (wrap the dataset to return them)")
     try:
-        x = item[0] if isinstance(item[0], torch.Tensor) else torch.as_tensor(np.asarray(item[0]))
+        if _is_pil(item[0]):
+            x = pil_to_tensor(item[0])
+        else:
+            x = item[0] if isinstance(item[0], torch.Tensor) else torch.as_tensor(np.array(item[0]))
         parts = item[1] if isinstance(item[1], (tuple, list)) else [item[1]]
         y = torch.cat([torch.as_tensor(np.asarray(p, dtype=np.float64)).reshape(-1) for p in parts])
     except (TypeError, ValueError, RuntimeError) as exc:

@@ -28,6 +28,9 @@ import tomllib
 import torch
 from torch import nn
 
+from fedhv.api.arguments import as_device, as_method, as_seed, shared_parameters
+from fedhv.api.arguments import clients_per_round as check_clients_per_round
+from fedhv.api.arguments import hv_reference as check_hv_reference
 from fedhv.api.dataset import FederatedDataset
 from fedhv.api.history import History
 from fedhv.config.schema import (
@@ -63,19 +66,6 @@ SOURCE = "fedhv.simulate"
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
-def _device(model: nn.Module, device: str | torch.device | None) -> str:
-    first = next(model.parameters(), None)
-    if first is None:
-        raise ConfigError("the model has no parameters; pass an nn.Module with trainable parameters")
-    if device is None:
-        return str(first.device)
-    try:
-        return str(torch.device(device))
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device = {device!r} is not a torch device; use \"cpu\", \"cuda\", \"cuda:N\" or \"mps\"") \
-            from None
-
-
 def _base_config(model: nn.Module, data: FederatedDataset, name: str, rounds: int, clients_per_round: int | None,
                  train: dict[str, Any], seed: int, engine: str, precision: str, device: str | torch.device | None,
                  eval_every: int, hv_reference: float | Sequence[float]) -> RunConfig:
@@ -85,7 +75,7 @@ def _base_config(model: nn.Module, data: FederatedDataset, name: str, rounds: in
                           "or .from_datasets")
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model has type {type(model).__name__}; pass a torch.nn.Module")
-    dev = _device(model, device)
+    dev = as_device(model, device)
     dtype = next(model.parameters()).dtype
     if dtype not in _DTYPES:
         raise ConfigError(f"the model's parameters are {dtype}; use a float32 or float64 model (precision=\"bf16\" "
@@ -103,14 +93,9 @@ def _base_config(model: nn.Module, data: FederatedDataset, name: str, rounds: in
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ConfigError(f"rounds = {rounds!r} must be an integer >= 1")
     sizes = data.client_sizes
-    usable = sum(1 for s in sizes if s > 0)
-    cpr = clients_per_round or min(10, usable)
-    if not 1 <= cpr <= usable:
-        empty = len(sizes) - usable
-        note = f" ({empty} of the {len(sizes)} clients are empty and never sampled)" if empty else ""
-        raise ConfigError(f"clients_per_round = {cpr} must be in [1, {usable}] (the clients with samples{note}); "
-                          "lower it")
-    ref = hv_reference if isinstance(hv_reference, (int, float)) else tuple(float(v) for v in hv_reference)
+    cpr = check_clients_per_round(clients_per_round, sizes)
+    ref = check_hv_reference(hv_reference, len(data.tasks))
+    seed = as_seed("seed", seed)
     test = data.test is not None
     return RunConfig(
         setting=name, seed=seed, rounds=rounds, engine=engine, precision=precision, device=dev, dtype=_DTYPES[dtype],
@@ -121,6 +106,23 @@ def _base_config(model: nn.Module, data: FederatedDataset, name: str, rounds: in
         eval=EvalConfig(test_period=eval_every if test else 0, final=test, batch_size=4096, hv_reference=ref),
         calibration=CalibrationConfig(), source=SOURCE,
     )
+
+
+def _check_shared(model: nn.Module, cfg: RunConfig) -> None:
+    """Parameters registered under two names (one head for two tasks) run on the sequential engine
+    with FedHV / Uniform only: the batched engine stacks every name's copy, and FSMGDA / FedCMOO
+    need each task's own head parameters."""
+    pairs = shared_parameters(model)
+    if not pairs:
+        return
+    first, other = pairs[0]
+    names = f"{first!r} and {other!r}" + (f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else "")
+    if cfg.method in ("fsmgda", "fedcmoo"):
+        raise ConfigError(f"method = {cfg.method}: the model shares one parameter as {names}; the min-norm methods "
+                          "need each task's own head: give every task its own head module")
+    if cfg.engine == "batched":
+        raise ConfigError(f"engine = \"batched\" cannot train a model that shares one parameter as {names} (e.g. one "
+                          "head for two tasks); pass engine=\"sequential\", or give every task its own head module")
 
 
 def _train_keys(local_steps: int, batch_size: int, lr_local: float, momentum: float, optimizer: str | type,
@@ -209,7 +211,8 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
              callback: Callback | None = None, optimizer: str | type = "sgd",
              optimizer_options: dict[str, Any] | None = None, local_epochs: int | None = None,
              clip_grad_norm: float | None = None, aggregation: str = "mean",
-             resume: str | Path | None = None, diagnostics: bool | dict[str, Any] = False) -> History:
+             resume: str | Path | None = None, diagnostics: bool | dict[str, Any] = False,
+             engine_chunk: int | str = "auto") -> History:
     """Train ``model`` federatedly on ``data`` with ``method`` for ``rounds`` rounds.
 
     Each round samples ``clients_per_round`` of the clients with samples (keyed by ``seed``;
@@ -267,17 +270,27 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
         Measure the paper's theory quantities and per-client fairness at each evaluation
         (``docs/diagnostics.md``; they land in ``History.evaluations[k]["diagnostics"]``): ``True``,
         or the ``[diagnostics]`` options, e.g. ``{"probe_samples": 512, "period": 5}``.
+    engine_chunk : int or "auto", default "auto"
+        Model copies the batched engine trains at once (``0`` = all; ``"auto"``: as many as fit
+        half the available memory), the configuration's ``engine_chunk``.
+
+    Every argument is checked before round 1 (one-line :class:`~fedhv.errors.ConfigError`
+    naming it, its value and the fix): unknown or unavailable devices, method names or
+    classes instead of method objects, seeds, ``clients_per_round`` out of range (``0``
+    included; ``None`` is the default), ``hv_reference`` of another length, a test set the
+    model cannot take, integer model outputs, a train-mode batch the model cannot take
+    (BatchNorm with ``batch_size = 1``), parameters shared between heads (see ``docs/api.md``).
     """
     start = time.perf_counter()
-    method = method or FedHV()
+    method = as_method(method)
     train = _train_keys(local_steps, batch_size, lr_local, momentum, optimizer, optimizer_options, local_epochs,
                         clip_grad_norm, aggregation)
     cfg = method.configure(_base_config(model, data, name, rounds, clients_per_round, train, seed, engine, precision,
                                         device, eval_every, hv_reference))
-    cfg = _with_diagnostics(cfg, diagnostics)
+    cfg = dataclasses.replace(_with_diagnostics(cfg, diagnostics), engine_chunk=engine_chunk)
+    _check_shared(model, cfg)
     digest = data.digest()
     ub = _benchmark(model, data, heads, cfg.device)
-    hooks = RunHooks(on_round=callback)
     temp = None
     if resume is not None:
         path = Path(resume)
@@ -287,6 +300,10 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
         path = temp / "run"
     else:
         path = Path(out)
+    hint = ("the checkpoint goes with the temporary run directory: pass out=DIR to fedhv.simulate to be able to "
+            "resume an interrupted run" if temp is not None else
+            f"continue with fedhv.simulate(..., resume={str(path)!r}) and the same model, data and arguments")
+    hooks = RunHooks(on_round=callback, resume_hint=hint)
     try:
         with registered(cfg.data.benchmark, ub):
             validate(cfg)
@@ -300,6 +317,7 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
             shutil.rmtree(temp, ignore_errors=True)
     if temp is not None:
         hist.out = None
+    hist.client_ids = list(data.client_ids)
     return hist
 
 

@@ -171,8 +171,14 @@ def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtyp
     return dataclasses.replace(data, provenance=prov)
 
 
-def user_model(name: str, data: FederatedData) -> MultiTaskModel:
-    """The user benchmark's model as a :class:`MultiTaskModel` (float32 on the CPU, before init)."""
+def user_model(name: str, data: FederatedData, batch_size: int | None = None) -> MultiTaskModel:
+    """The user benchmark's model as a :class:`MultiTaskModel` (float32 on the CPU, before init).
+
+    Checked before round 1: an eval-mode forward on a few training rows (output shapes and
+    dtypes, finite losses: :func:`fedhv.checks.check_model`), on two test rows (a test set
+    the model cannot take fails here, not at the first evaluation) and, given
+    ``batch_size``, a train-mode forward on a batch of that size (BatchNorm's batch of one).
+    """
     from fedhv.checks import check_heads, check_model
     from fedhv.sim.module import ModuleAdapter
 
@@ -198,7 +204,49 @@ def user_model(name: str, data: FederatedData) -> MultiTaskModel:
     adapter = ModuleAdapter(module, data.task_names, x[:2], ub.heads)
     check_model(adapter, x, data.train_y.to(device="cpu", dtype=first.dtype), data.objective.tasks
                 if hasattr(data.objective, "tasks") else (), data.objective)
+    _probe(module, x, data, first.dtype, batch_size)
     return adapter
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to("cpu", dtype) if x.is_floating_point() else x.to("cpu")
+
+
+def _probe(module: nn.Module, x: torch.Tensor, data: FederatedData, dtype: torch.dtype,
+           batch_size: int | None) -> None:
+    """Forward passes the run will make, tried before round 1 (buffers, mode and RNG restored)."""
+    saved = {n: b.clone() for n, b in module.named_buffers()}
+    was = module.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            test = data.eval_sets.get("test")
+            if test is not None and len(test[0]):
+                module.eval()
+                xt = _cast(test[0][:2], dtype)
+                try:
+                    module(xt)
+                except Exception as exc:  # noqa: BLE001 - any failure: the test set does not fit the model
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise ConfigError(
+                        f"the test set does not fit the model: it fails on 2 test rows (shape {list(xt.shape)}; "
+                        f"training x has shape {list(x.shape[1:])} per row) with {type(exc).__name__}: {first}; "
+                        "give test inputs of the training inputs' shape") from None
+            if batch_size:
+                module.train()
+                rows = x[torch.arange(batch_size) % len(x)]
+                try:
+                    module(rows)
+                except Exception as exc:  # noqa: BLE001 - the clients' training would fail the same way
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    fix = ("BatchNorm needs at least 2 samples per batch: use batch_size >= 2"
+                           if "more than 1 value per channel" in first else "check the model's forward in train mode")
+                    raise ConfigError(f"batch_size = {batch_size}: the model fails in train mode on a batch of "
+                                      f"{batch_size} rows ({type(exc).__name__}: {first}); {fix}") from None
+    finally:
+        module.train(was)
+        with torch.no_grad():
+            for n, b in module.named_buffers():
+                b.copy_(saved[n])
 
 
 @contextlib.contextmanager

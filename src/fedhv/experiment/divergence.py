@@ -38,6 +38,7 @@ reference every later round is measured against and runs without simulated fault
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,6 +58,27 @@ class DivergenceError(FedHVError):
 def lr_hint(lr_local: float, lr_global: float) -> str:
     """``"lower train.lr_local=50 or train.lr_global=1.2"``."""
     return f"lower train.lr_local={lr_local:g} or train.lr_global={lr_global:g}"
+
+
+def cause_hint(reason: str, hint: str) -> str:
+    """What to change for a rejected reply: ``hint`` (the learning rates), unless the cause is elsewhere.
+
+    A report (the task losses ``F^t``) is evaluated at the received global model before any
+    local step, and that model is finite (rule 1): a non-finite report therefore comes from
+    the task's loss on that client's data, not from the learning rates.
+    """
+    if not reason.startswith("report has non-finite values"):
+        return hint
+    values = reason[len("report has non-finite values"):].strip()
+    try:
+        bad = [i for i, v in enumerate(ast.literal_eval(values.replace("nan", "None").replace("inf", "None")))
+               if v is None]
+    except (ValueError, SyntaxError):
+        bad = []
+    tasks = f"task(s) {bad}" if bad else "a task"
+    return (f"reports are the task losses at the received global model, which was finite, so the loss of {tasks} "
+            "(0-based, in task order) is NaN or infinite on this client's data: check that loss function and its "
+            "targets (e.g. log of 0, sqrt of a negative), not the learning rates")
 
 
 def where(round_done: int, stream: str) -> str:
@@ -98,7 +120,7 @@ def lost_rounds_error(round_done: int, stream: str, rounds: int, example: tuple[
     client, reason = example
     return DivergenceError(
         f"{where(round_done, stream)}: no valid client reply in {rounds} rounds in a row, and clients' own training "
-        f"produced non-finite values (e.g. client {client}: {reason}); the training diverged; {hint} "
+        f"produced non-finite values (e.g. client {client}: {reason}); {_diagnosis(reason, hint)} "
         "(validation.divergence_rounds sets how many such rounds are tolerated)"
     )
 
@@ -108,9 +130,15 @@ def check_calibration_round(round_done: int, skipped: bool, rejected: Sequence[t
     if not skipped:
         return
     detail = f" (e.g. client {rejected[0][0]}: {rejected[0][1]})" if rejected else ""
-    raise DivergenceError(
-        f"calibration round {round_done}: no client returned a valid reply{detail}; the calibration diverged; {hint}"
-    )
+    reason = rejected[0][1] if rejected else ""
+    what = cause_hint(reason, hint)
+    verdict = "the calibration diverged; " if what == hint else ""
+    raise DivergenceError(f"calibration round {round_done}: no client returned a valid reply{detail}; {verdict}{what}")
+
+
+def _diagnosis(reason: str, hint: str) -> str:
+    what = cause_hint(reason, hint)
+    return f"the training diverged; {hint}" if what == hint else what
 
 
 def _finite_row(row: Any, m: int) -> list[float] | None:

@@ -121,6 +121,9 @@ class RunHooks:
     #: Progress of sub-tasks (the calibration): ``(total, description) -> bar`` with ``update()`` and
     #: ``close()``, used instead of a tqdm bar (a Flower ServerApp logs its progress this way).
     progress: Callable[[int, str], Any] | None = None
+    #: How to continue an interrupted run, after "checkpoint written at round N; " (default: the CLI's
+    #: ``fedhv run --resume DIR``; :func:`fedhv.simulate` names its own ``resume=`` argument).
+    resume_hint: str | None = None
 
 
 class _StopRun(Exception):
@@ -472,8 +475,9 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
                     log.warning("no checkpoint at round %d (%s); the one of round %d is kept",
                                 latest["round"], exc, saved["round"])
                 else:
-                    log.warning("checkpoint written at round %d; continue with `fedhv run --resume %s`",
-                                latest["round"], run.path)
+                    hint = hooks.resume_hint if hooks is not None and hooks.resume_hint else \
+                        f"continue with `fedhv run --resume {run.path}`"
+                    log.warning("checkpoint written at round %d; %s", latest["round"], hint)
             raise
         bar.close()
         loop_seconds = time.perf_counter() - loop_start

@@ -108,7 +108,7 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     """
     ub = user_benchmark(cfg.data.benchmark)
     if ub is not None:
-        model = user_model(cfg.data.benchmark, data)
+        model = user_model(cfg.data.benchmark, data, cfg.train.batch_size)
     else:
         model = build_model(BENCHMARKS.get(cfg.data.benchmark).model, data.num_classes)
     if ub is None or ub.initialise:  # else theta^0 is the user's module's own (fedhv.simulate)

@@ -331,20 +331,37 @@ def _table7_records(table: Table, setting: str, rs: Sequence[Run], ref_p: Any, s
 def table10(runs: Sequence[Run], paper: bool = False) -> Table:
     """FedHV ablation sweeps (runs made with ``fedhv grid --ablation``)."""
     groups = group(runs, with_variants=True)
+    standard = group(runs)
     table = Table("10", "Table 10: FedHV ablations, mean ± sample std over seeds", ["Setting", "Ablation", "Variant"],
                   [MEAN_ACC.label, MEAN_LOSS.label])
     keys = sorted({(s, v[0]) for s, v, m in groups if m == "fedhv" and v is not None},
                   key=lambda k: (ordered_settings([k[0]]), k[1]))
+    missing = []
     for setting, param in keys:
         name = param.split(".")[-1]
         variants = [v for s, v, m in groups if s == setting and m == "fedhv" and v is not None and v[0] == param]
+        # The baseline: the setting's standard FedHV runs, at their configured value of the parameter
+        # (a row of its own unless a variant has that value); without them the sweep stands alone.
+        base_runs = standard.get((setting, None, "fedhv"), [])
+        base = (param, base_runs[0].config_value(param)) if base_runs else None
+        if base is None:
+            missing.append(f"{setting_label(setting)} ({name})")
+        elif base not in variants:
+            variants.append(base)
         variants.sort(key=variant_order)
         col_acc, col_loss = [], []
         for variant in variants:
-            rs = groups[(setting, variant, "fedhv")]
+            is_base = variant == base and (setting, variant, "fedhv") not in groups
+            rs = base_runs if is_base else groups[(setting, variant, "fedhv")]
             cells = [Cell(_stat(rs, MEAN_ACC.get)), Cell(_stat(rs, MEAN_LOSS.get), digits=4)]
             col_acc.append(cells[0])
             col_loss.append(cells[1])
+            if is_base:
+                table.add([setting_label(setting), ABLATION_LABELS.get(name, name), f"{variant[1]} (baseline)"],
+                          cells)
+                for metric, ours in zip(("mean_acc", "mean_loss"), cells):
+                    _record(table, f"{setting}/{name}={variant[1]} (baseline)", "fedhv", metric, ours, None)
+                continue
             theirs = None
             if setting == "cifar10-mnist-b":  # the paper's ablations are on this setting only
                 theirs = [Cell(paper_stat("table10", name, str(variant[1]), "mean_acc")),
@@ -360,6 +377,11 @@ def table10(runs: Sequence[Run], paper: bool = False) -> Table:
         rank(col_loss, False)
     table.notes.append("Ranks within each sweep. The paper's ablations (and so its values, with --paper) are for "
                        "CIFAR10–MNIST α = 0.30 (cifar10-mnist-b) only.")
+    if missing:
+        table.notes.append("No baseline (the standard FedHV runs of the setting, at their configured value) among "
+                           f"these runs for: {', '.join(missing)}; those sweeps are shown without one (run the "
+                           "setting's standard FedHV seeds into the same directory, e.g. fedhv grid SETTING "
+                           "--methods fedhv).")
     table.note(evaluation_note([r for (_, v, m), rs in groups.items() if m == "fedhv" and v is not None for r in rs]))
     return table
 

@@ -78,6 +78,12 @@ def _as_array(losses: object) -> np.ndarray:
                           "losses as a tensor, an array or a list of floats") from None
 
 
+def _check_losses(losses: object, where: str) -> None:
+    if not isinstance(losses, torch.Tensor):
+        raise ConfigError(f"{where}: losses = {losses!r} ({type(losses).__name__}) is not a tensor; pass the task "
+                          "losses as one tensor [..., m], e.g. torch.stack([loss_1, ..., loss_m])")
+
+
 class HVWeighting(nn.Module):
     """Inverse-slack task weights ``w = W(l.detach(); r)`` as a module.
 
@@ -99,7 +105,11 @@ class HVWeighting(nn.Module):
 
     def __init__(self, reference: Sequence[float] | torch.Tensor, rho_clip: float = 1e-6) -> None:
         super().__init__()
-        ref = torch.as_tensor(reference, dtype=torch.float64).detach().clone()
+        try:
+            ref = torch.as_tensor(reference, dtype=torch.float64).detach().clone()
+        except (TypeError, ValueError, RuntimeError):
+            raise ConfigError(f"reference = {reference!r} is not numbers; pass one finite loss level per task, e.g. "
+                              "[2.45, 1.05] (see reference_from_losses)") from None
         if ref.ndim != 1 or len(ref) == 0 or not bool(torch.isfinite(ref).all()):
             raise ConfigError(f"reference = {ref.tolist()} must be a non-empty vector of finite values, one per task")
         if not 0 < rho_clip < math.inf:
@@ -133,6 +143,7 @@ class HVWeighting(nn.Module):
         (mixed precision) ``1 / rho_clip = 1e6`` would overflow to ``inf`` and give NaN
         weights, and integer losses would truncate ``r``.
         """
+        _check_losses(losses, "HVWeighting")
         if losses.shape[-1:] != (self.num_tasks,):
             raise ConfigError(f"losses have shape {tuple(losses.shape)} but the reference has "
                               f"{self.num_tasks} tasks; pass one loss per task in the last dimension")
@@ -142,16 +153,24 @@ class HVWeighting(nn.Module):
             finite = torch.isfinite(losses.detach())
             if not bool(finite.all()):  # one host sync per call: NaN weights would silently poison the step
                 task = int(torch.nonzero(~finite.reshape(-1, self.num_tasks).all(0))[0, 0])
-                raise ConfigError(f"losses[..., {task}] is not finite ({losses.detach().reshape(-1, self.num_tasks)[:, task].tolist()[:4]}); "
-                                  "the weights of a diverged task are undefined: lower the learning rate or check "
-                                  "that task's inputs and targets")
+                values = losses.detach().reshape(-1, self.num_tasks)[:, task].tolist()[:4]
+                raise ConfigError(f"losses[..., {task}] is not finite ({values}): task {task}'s loss is NaN or "
+                                  "infinite, so its weight is undefined; find where that loss becomes non-finite "
+                                  "(its loss function on these inputs and targets, e.g. log of 0, or a model that "
+                                  "diverged earlier: then lower the learning rate)")
             ref = self.reference.to(device=losses.device, dtype=work)
             inv = 1.0 / torch.clamp(ref - losses.detach().to(work), min=self.rho_clip)
             return (inv / inv.sum(-1, keepdim=True)).to(out)
 
     def weighted_loss(self, losses: torch.Tensor) -> torch.Tensor:
         """``L = sum_i w_i l_i`` (gradient through ``l`` only)."""
+        _check_losses(losses, "HVWeighting.weighted_loss")
         return (self(losses) * losses).sum(-1)
+
+    def backward(self, *args: object, **kwargs: object) -> None:
+        """Not a training step: raises, naming the two that are."""
+        raise ConfigError("HVWeighting has no backward(); call hv.weighted_loss(losses).backward(), or use "
+                          "HVBackward(reference).backward(losses) (LibMTL style)")
 
     def extra_repr(self) -> str:
         return f"reference={[round(v, 6) for v in self.reference.tolist()]}, rho_clip={self.rho_clip:g}"
@@ -174,10 +193,43 @@ class HVBackward:
         self.weighting = HVWeighting(reference, rho_clip)
         self.last_weights: np.ndarray | None = None
 
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        """Not callable: raises, naming the method to call."""
+        raise ConfigError("HVBackward is not called: use weights = hvb.backward(losses) (it back-propagates), or "
+                          "HVWeighting(reference)(losses) for the weights alone")
+
     def backward(self, losses: torch.Tensor | Sequence[torch.Tensor], **kwargs: object) -> np.ndarray:
-        """Back-propagate the weighted sum of ``losses`` (a tensor ``[m]`` or ``m`` scalars)."""
-        vec = losses if isinstance(losses, torch.Tensor) else torch.stack([torch.as_tensor(v) for v in losses])
+        """Back-propagate the weighted sum of ``losses`` (a tensor ``[m]`` or ``m`` scalar tensors).
+
+        Raises
+        ------
+        ConfigError
+            For losses that are not tensors of the forward pass (numbers, ``.item()`` or
+            ``.detach()`` values: nothing to back-propagate), or a graph already freed by an
+            earlier ``backward``.
+        """
+        if isinstance(losses, torch.Tensor):
+            vec = losses
+        elif isinstance(losses, (list, tuple)) and losses and all(isinstance(v, torch.Tensor) for v in losses):
+            if any(v.numel() != 1 for v in losses):
+                raise ConfigError(f"HVBackward.backward: losses are tensors of shapes {[list(v.shape) for v in losses]}; "
+                                  "pass one scalar loss per task (or one tensor [m])")
+            vec = torch.stack([v.reshape(()) for v in losses])
+        else:
+            raise ConfigError(f"HVBackward.backward: losses = {losses!r} are not loss tensors; pass the m task losses "
+                              "of the forward pass (a tensor [m] or a list of scalar tensors), not their .item() values")
+        if not vec.requires_grad:
+            raise ConfigError("HVBackward.backward: the losses do not require grad, so there is nothing to "
+                              "back-propagate; pass the losses computed from the model (not .detach() / .item() "
+                              "values, not under torch.no_grad())")
         weights = self.weighting(vec)
-        (weights * vec).sum().backward()
+        try:
+            (weights * vec).sum().backward()
+        except RuntimeError as exc:
+            if "second time" not in str(exc):
+                raise
+            raise ConfigError("HVBackward.backward: these losses were back-propagated already (their graph is "
+                              "freed); compute the losses again for each step, and call backward once per step") \
+                from None
         self.last_weights = weights.detach().cpu().numpy()
         return self.last_weights

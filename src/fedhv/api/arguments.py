@@ -1,0 +1,130 @@
+"""Checks of :func:`fedhv.simulate` / :func:`fedhv.calibrate` arguments, before any work.
+
+Each check raises :class:`~fedhv.errors.ConfigError` with one line naming the argument, the
+value and the fix, so a mistyped argument never reaches round 1 (nor a torch traceback).
+Values that would otherwise silently mean something else (``clients_per_round = 0``) are
+refused, and harmless spellings are accepted as what they obviously mean (``seed =
+numpy.int64(3)`` is the seed 3).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedhv.checks import check_seed
+from fedhv.devices import check_device
+from fedhv.errors import ConfigError
+from fedhv.methods import FSMGDA, FedCMOO, FedHV, Method, Uniform
+
+_METHODS: tuple[type, ...] = (FedHV, Uniform, FSMGDA, FedCMOO)
+_CHOICES = "fedhv.FedHV(), fedhv.Uniform(), fedhv.FSMGDA() or fedhv.FedCMOO()"
+
+
+def as_method(method: object) -> Method:
+    """``method`` itself when it is a method object; ``None`` is ``FedHV()``.
+
+    Raises
+    ------
+    ConfigError
+        For a name (``"fedhv"``, ``"dwa"``), a class instead of an instance, or anything else.
+    """
+    if method is None:
+        return FedHV()
+    if isinstance(method, _METHODS):
+        return method  # type: ignore[return-value]
+    if isinstance(method, type) and issubclass(method, _METHODS):
+        raise ConfigError(f"method = fedhv.{method.__name__} is the class; pass an instance: "
+                          f"fedhv.{method.__name__}() (with its options as arguments)")
+    if isinstance(method, str):
+        known = {cls.__name__.lower(): cls.__name__ for cls in _METHODS}
+        hint = f"pass fedhv.{known[method.lower()]}()" if method.lower() in known else f"fedhv has no method " \
+            f"{method!r}; pass one of {_CHOICES}"
+        raise ConfigError(f"method = {method!r} is a string; {hint}")
+    raise ConfigError(f"method = {method!r} ({type(method).__name__}) is not a fedhv method; pass one of {_CHOICES}")
+
+
+def as_seed(name: str, value: object) -> int:
+    """``value`` as a Python ``int`` seed: any integer (``numpy.int64`` too) in ``[0, 2**32 - 1]``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    check_seed(name, value)
+    return value  # type: ignore[return-value]
+
+
+def as_device(model: nn.Module, device: str | torch.device | None) -> str:
+    """The run's device: ``device``, or the model's own; unknown or unavailable devices refused.
+
+    The check is the configuration's (:func:`fedhv.devices.check_device`, what ``fedhv run
+    --device`` uses): ``"cuda"`` on a CPU-only torch is one line, not a torch traceback.
+    """
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ConfigError("the model has no parameters; pass an nn.Module with trainable parameters")
+    if device is None:
+        return str(first.device)
+    if not isinstance(device, (str, torch.device)):
+        raise ConfigError(f"device = {device!r} ({type(device).__name__}) is not a device; use \"cpu\", \"cuda\", "
+                          "\"cuda:N\" or \"mps\"")
+    try:
+        name = str(torch.device(device))
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"device = {device!r} is not a torch device; use \"cpu\", \"cuda\", \"cuda:N\" or \"mps\"") \
+            from None
+    check_device(name)
+    return name
+
+
+def clients_per_round(value: object, sizes: Sequence[int]) -> int:
+    """``clients_per_round``: ``None`` = ``min(10, clients with samples)``; else an int in ``[1, usable]``.
+
+    ``0`` is refused like any other value out of range (it does not mean "the default").
+    """
+    usable = sum(1 for s in sizes if s > 0)
+    if value is None:
+        return min(10, usable)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"clients_per_round = {value!r} must be an integer in [1, {usable}], or None for the "
+                          f"default min(10, clients with samples) = {min(10, usable)}")
+    cpr = int(value)
+    if not 1 <= cpr <= usable:
+        empty = len(sizes) - usable
+        note = f" ({empty} of the {len(sizes)} clients are empty and never sampled)" if empty else ""
+        raise ConfigError(f"clients_per_round = {cpr} must be in [1, {usable}] (the clients with samples{note}); "
+                          f"pass a value in that range, or None for the default min(10, {usable}) = {min(10, usable)}")
+    return cpr
+
+
+def hv_reference(value: Any, num_tasks: int) -> float | tuple[float, ...]:
+    """``hv_reference``: one finite number, or one per task (checked here, not at the first evaluation)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        values = [float(value)]
+    elif isinstance(value, (Sequence, torch.Tensor)) and not isinstance(value, str):
+        try:
+            values = [float(v) for v in value]
+        except (TypeError, ValueError):
+            values = []
+    else:
+        values = []
+    ok = values and all(math.isfinite(v) for v in values) and len(values) in (1, num_tasks)
+    if not ok or (len(values) == 1 and not isinstance(value, numbers.Real) and num_tasks != 1):
+        raise ConfigError(f"hv_reference = {value!r} must be one finite number for every task or {num_tasks} finite "
+                          f"numbers (one per task, in task order); e.g. hv_reference = 3.0")
+    return values[0] if isinstance(value, numbers.Real) else tuple(values)
+
+
+def shared_parameters(model: nn.Module) -> list[tuple[str, str]]:
+    """Pairs ``(first name, other name)`` of parameters a module registers under two names."""
+    seen: dict[int, str] = {}
+    pairs = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            pairs.append((seen[id(p)], name))
+        else:
+            seen[id(p)] = name
+    return pairs
