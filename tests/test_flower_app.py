@@ -167,7 +167,7 @@ def _plain_fedhv(calibration_rounds: int, rounds: int, nodes: int, lr: float, st
 def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
     """``examples/flower_own_app`` — a user's own model (with BatchNorm), tasks of two kinds
     (classification and regression), a client smaller than a batch, its own ServerApp and
-    ClientApp — with :class:`fedhv.flower.strategy.FedHVStrategy` in the Simulation Engine: the
+    ClientApp, evaluation rounds — with :class:`fedhv.flower.strategy.FedHVStrategy` in the Simulation Engine: the
     final model (weights and BatchNorm statistics) equals FedHV written out in plain PyTorch
     (:func:`_plain_fedhv`) to float32 round-off, and so do the logged weights of the last rounds."""
     import json
@@ -189,6 +189,11 @@ def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
         sweep(token, grace_s=3.0)
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "own_app: fedhv final test metrics" in log, log[-3000:]
+    # fedhv's own lines reach the app's Flower log, and the evaluation rounds work (every node evaluates)
+    assert "fedhv: reference r = " in log and "fedhv: round 6 (train): report " in log, log[-3000:]
+    evaluated = re.search(r"own_app: evaluate round 6 (\{.*\})", log)
+    assert evaluated is not None and "reply of node" not in log and "no valid" not in log, log[-3000:]
+    assert set(json.loads(evaluated.group(1).replace("'", '"'))) == {"acc_a", "mse_b"}
     want, weights = _plain_fedhv(2, 6, 4, 0.1, 5)
     got = torch.load(out, weights_only=True)
     assert set(got) == set(want) and "encoder.1.running_mean" in got

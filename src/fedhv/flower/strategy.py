@@ -90,7 +90,7 @@ __all__ = ["EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult
 
 #: Attributes of the FedHV layer (kept when start() restores the base Strategy after the calibration).
 _FEDHV_STATE = ("num_tasks", "margin", "rho_clip", "reference", "calibration_rounds", "max_report_ratio",
-                "max_num_examples", "metric_keys", "weights", "history", "rejected", "skipped", "_phase",
+                "max_num_examples", "metric_keys", "nonnegative", "weights", "history", "rejected", "skipped", "_phase",
                 "_calibration_reports", "_sent", "_restarting", "_announced")
 
 
@@ -137,7 +137,8 @@ class FedHVWeighting(FedAvg):
     Every reply is validated before it reaches the model or the weights (:meth:`reply_problem`):
     one ArrayRecord with exactly the broadcast arrays' names and shapes, real numbers (float or
     integer; the dtype may differ, as an integer buffer comes back from a float mean), all finite; one
-    MetricRecord with a report of ``num_tasks`` finite values ``>= 0``, no report above
+    MetricRecord with a report of ``num_tasks`` finite values (``>= 0`` for the tasks declared
+    ``nonnegative``), no report (of a non-negative task) above
     ``max_report_ratio`` times the round's lower median of its task
     (:func:`fedhv.algorithms.validation.report_outliers`), ``fedhv-unit`` absent or 1,
     ``num-examples`` an integer in ``[1, max_num_examples]`` (absent allowed unless the
@@ -175,6 +176,11 @@ class FedHVWeighting(FedAvg):
     metric_keys : sequence of str
         Further metric keys the ClientApp's train replies carry (``fedhv_reply(..., metrics=...)``):
         finite numbers, averaged like the report. Any other key makes a reply invalid.
+    nonnegative : bool or sequence of bool
+        Whether each task's loss is bounded below by 0 (default ``True``: cross-entropy, BCE, MSE).
+        A negative report of such a task is invalid, and ``max_report_ratio`` applies to such
+        tasks only; ``False`` (one for all tasks, or one per task) for a loss of any sign (a
+        Gaussian negative log-likelihood), whose reports need only be finite.
     **base : Any
         The base Strategy's options (``fraction_train``, ``min_train_nodes``, ``configrecord_key``,
         ``eta``, ``proximal_mu``, …); ``fraction_evaluate`` defaults to 0 (no evaluation rounds).
@@ -286,7 +292,8 @@ class FedHVWeighting(FedAvg):
                 rejected.append((node, problem))
         outliers = report_outliers(
             [ClientReply(k, report=np.asarray(m[REPORT_KEY], dtype=np.float64)) for k, (_, _, m) in enumerate(valid)],
-            ReplySpec(num_tasks=self.num_tasks, dim=0, report=True, max_report_ratio=self.max_report_ratio))
+            ReplySpec(num_tasks=self.num_tasks, dim=0, report=True, max_report_ratio=self.max_report_ratio,
+                      nonnegative=self.nonnegative))
         rejected += [(valid[k][0], problem) for k, problem in enumerate(outliers) if problem is not None]
         valid = [v for v, problem in zip(valid, outliers) if problem is None]
         for node, problem in rejected:
@@ -363,7 +370,8 @@ class FedHVWeighting(FedAvg):
         report = metrics[REPORT_KEY]
         if not isinstance(report, list):
             return f"{REPORT_KEY} = {report!r} is not a list of {self.num_tasks} losses"
-        problem = reply_problem(ClientReply(0, report=report), ReplySpec(num_tasks=self.num_tasks, dim=0, report=True))
+        problem = reply_problem(ClientReply(0, report=report), ReplySpec(num_tasks=self.num_tasks, dim=0, report=True,
+                                                                         nonnegative=self.nonnegative))
         if problem is not None:
             return problem
         if UNIT_KEY in metrics and metrics[UNIT_KEY] != 1:
@@ -413,8 +421,11 @@ class FedHVWeighting(FedAvg):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The ``num-examples``-weighted mean of the valid evaluate replies (node-id order), each key over
         the replies carrying it; an invalid reply is dropped, logged and counted (phase ``"evaluate"``)."""
+        replies = sorted(replies, key=node_id)
+        if not replies:  # no evaluation in this round (fraction_evaluate = 0, or start()'s calibration)
+            return None
         valid: list[MetricRecord] = []
-        for reply in sorted(replies, key=node_id):
+        for reply in replies:
             node = node_id(reply)
             try:
                 problem = evaluate_reply_problem(reply, self.num_tasks, self.max_num_examples)
@@ -471,12 +482,23 @@ class FedHVWeighting(FedAvg):
                            rejected=list(self.rejected), skipped=list(self.skipped))
 
 
+def loss_signs(nonnegative: bool | Sequence[bool], num_tasks: int) -> tuple[bool, ...]:
+    """The ``nonnegative`` option as one flag per task (one-line ``ConfigError`` otherwise)."""
+    flags = [nonnegative] * num_tasks if isinstance(nonnegative, (bool, np.bool_)) else list(nonnegative)
+    if len(flags) != num_tasks or not all(isinstance(f, (bool, np.bool_)) for f in flags):
+        raise ConfigError(f"nonnegative = {nonnegative!r} must be True / False or {num_tasks} of them (one per task): "
+                          "True where the task's loss is >= 0, False for a loss of any sign")
+    return tuple(bool(f) for f in flags)
+
+
 def _init(self: FedHVWeighting, base: type[FedAvg], num_tasks: int, reference: Sequence[float] | None = None, *,
           calibration_rounds: int = 20, margin: float = 0.15, rho_clip: float = 1e-6,
           weighted_by_key: str = UNIT_KEY, max_report_ratio: float = REPORT_OUTLIER_RATIO,
-          max_num_examples: int = 10**9, metric_keys: Sequence[str] = (), **options: Any) -> None:
+          max_num_examples: int = 10**9, metric_keys: Sequence[str] = (), nonnegative: bool | Sequence[bool] = True,
+          **options: Any) -> None:
     self._fedhv_init(num_tasks, reference, calibration_rounds, margin, rho_clip, weighted_by_key, max_report_ratio,
                      max_num_examples, metric_keys)
+    self.nonnegative = loss_signs(nonnegative, self.num_tasks)
     options.setdefault("fraction_evaluate", 0.0)
     if options["fraction_evaluate"] == 0.0:
         options.setdefault("min_evaluate_nodes", 0)
