@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideFixedClipping,
     FedAdam,
+    FedAvg,
     FedMedian,
     FedProx,
     FedYogi,
@@ -340,3 +341,10 @@ def test_inside_flowers_dp_wrapper_fedhv_still_calibrates_and_adapts() -> None:
 def test_a_strategy_that_bypasses_the_weighting_is_refused(base: type) -> None:
     with pytest.raises(ConfigError, match="base = "):
         strategy_module.fedhv_strategy(base, M, REFERENCE)
+
+
+@pytest.mark.parametrize("base", [FedAvg, FedAdam], ids=["fedavg", "fedadam"])
+def test_uniform_weighting_composes_too(base: type) -> None:
+    strategy = strategy_module.fedhv_strategy(base, M, weighting="uniform", **sampling())
+    result = strategy.start(grid=grid(), initial_arrays=initial(), num_rounds=2)
+    assert result.task_weights == {1: [0.5, 0.5], 2: [0.5, 0.5]} and result.calibration is None

@@ -48,7 +48,9 @@ def fedhv_strategy(base: type[FedAvg], num_tasks: int, reference: Sequence[float
     if not adaptive:
         if reference is not None:
             raise ConfigError("reference is FedHV's; uniform weighting takes none")
-        options = {"calibration_rounds": 0, **options}
+        if cls is UniformStrategy:
+            return UniformStrategy(num_tasks, **options)
+        options = {**options, "calibration_rounds": 0}
     return cls(num_tasks, reference, **options)
 
 
