@@ -59,5 +59,22 @@ class MultiLabel:
 
 Objective = Classification | MultiLabel
 
+
+def nonnegative_losses(objective: object, num_tasks: int) -> tuple[bool, ...]:
+    """Per task: whether its loss is bounded below by 0.
+
+    An objective with a ``nonnegative`` attribute (a user's tasks:
+    :attr:`fedhv.api.tasks.TaskObjective.nonnegative`) says so per task; the built-in
+    objectives (:class:`Classification`: negative log-likelihood of log-probabilities,
+    :class:`MultiLabel`: binary cross-entropy) are ``>= 0`` for every task.
+    """
+    flags = getattr(objective, "nonnegative", None)
+    if flags is None:
+        return (True,) * num_tasks
+    out = tuple(bool(f) for f in flags)
+    if len(out) != num_tasks:
+        raise ValueError(f"the objective declares {len(out)} loss signs for {num_tasks} tasks")
+    return out
+
 #: The default objective (one multi-class label per task).
 CLASSIFICATION = Classification()

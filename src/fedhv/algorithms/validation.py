@@ -8,8 +8,10 @@ its report are both discarded) and the reason is logged and counted.
 Checks, for a stage of a run with ``m`` tasks and ``d`` parameters that asked for
 ``T`` gradient / trajectory rows:
 
-- report (when asked for): a 1-D vector of exactly ``m`` finite values ``>= 0``
-  (task losses are non-negative: NLL, BCE);
+- report (when asked for): a 1-D vector of exactly ``m`` finite values, ``>= 0`` for the
+  tasks whose loss is declared non-negative (``ReplySpec.nonnegative``; the built-in
+  losses: NLL, BCE, MSE); a task declared of any sign (``Task(nonnegative=False)``, e.g. a
+  Gaussian negative log-likelihood) may report any finite value;
 - gradients / deltas (when asked for): shape ``[T, d]``, all values finite;
 - optional norm bounds (``validation.*``; both off by default), on the float64 L2 norm
   of each row ``u_t`` of a client's ``[T, d]`` upload:
@@ -30,10 +32,12 @@ Checks, for a stage of a run with ``m`` tasks and ``d`` parameters that asked fo
   :data:`REPORT_OUTLIER_RATIO` on the Flower paths, whose replies come from other hosts):
   among the replies that passed every other check, a client with ``F_ki > rho * med_i``
   for some task ``i`` is rejected, ``med_i`` the lower median of the ``k`` reports of
-  task ``i`` (the same order statistic as the norm rule). A report is non-negative, so
-  one client can then move the mean report of a round by at most ``rho * med_i / k``
-  (it cannot be caught below that bound); with ``k = 2`` the larger of the two is the
-  one rejected.
+  task ``i`` (the same order statistic as the norm rule). A report of a non-negative task
+  is ``>= 0``, so one client can then move the mean report of a round by at most
+  ``rho * med_i / k`` (it cannot be caught below that bound); with ``k = 2`` the larger of
+  the two is the one rejected. The rule is a ratio to a distance from the bound 0, so it
+  applies to the tasks declared non-negative only: a task of any sign has no such scale
+  (its median may be 0 or negative), and its reports are bounded by finiteness alone.
 
 A value that cannot be read as a number array (wrong type, ragged) is rejected too.
 Self-reported counts (sample counts a weighting uses) are checked by :func:`count_problem`.
@@ -100,7 +104,10 @@ class ReplySpec:
         Bound relative to the median row norm of the stage's valid replies (0 = off).
     max_report_ratio : float
         Bound on each task's report relative to the lower median of the stage's valid
-        reports of that task (0 = off; :func:`report_outliers`).
+        reports of that task (0 = off; :func:`report_outliers`; non-negative tasks only).
+    nonnegative : tuple of bool, optional
+        Per task: whether its loss is bounded below by 0, so that a negative report is
+        invalid (:func:`fedhv.objectives.nonnegative_losses`). ``None``: every task.
     """
 
     num_tasks: int
@@ -111,6 +118,13 @@ class ReplySpec:
     max_update_norm: float = 0.0
     max_norm_ratio: float = 0.0
     max_report_ratio: float = 0.0
+    nonnegative: tuple[bool, ...] | None = None
+
+    def nonnegative_mask(self) -> np.ndarray:
+        """Boolean ``[m]``: the tasks whose reports must be ``>= 0``."""
+        if self.nonnegative is None:
+            return np.ones(self.num_tasks, dtype=bool)
+        return np.asarray(self.nonnegative, dtype=bool).reshape(-1)
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -186,8 +200,11 @@ def reply_problem(reply: ClientReply, spec: ReplySpec) -> str | None:
             return f"report has shape {arr.shape}, expected ({spec.num_tasks},)"
         if not np.isfinite(arr).all():
             return f"report has non-finite values {arr.tolist()}"
-        if (arr < 0).any():
-            return f"report has negative losses {arr.tolist()}"
+        negative = np.flatnonzero((arr < 0) & spec.nonnegative_mask())
+        if negative.size:
+            return (f"report has negative losses {arr.tolist()} for task(s) {negative.tolist()} (0-based) declared "
+                    "non-negative (the built-in losses, or Task(nonnegative=True)); for a loss of any sign declare "
+                    "Task(..., nonnegative=False)")
     if spec.gradient_rows:
         problem = _tensor_problem("gradients", reply.gradients, (spec.gradient_rows, spec.dim))
         if problem:
@@ -240,7 +257,9 @@ def report_outliers(valid: Sequence[ClientReply], spec: ReplySpec) -> list[str |
 
     Task ``i`` of client ``k`` is an outlier when ``F_ki > rho * med_i``, with ``med_i``
     the lower median of ``F_ji`` over the replies ``j`` in ``valid`` (which passed
-    :func:`reply_problem`: finite, non-negative, ``m`` values).
+    :func:`reply_problem`: finite, ``m`` values). Only the tasks declared non-negative
+    (``spec.nonnegative``) are checked: for a loss of any sign a ratio to the median has
+    no meaning (a median of ``-0.5`` would reject every report above ``-5``).
     """
     problems: list[str | None] = [None] * len(valid)
     rho = spec.max_report_ratio
@@ -248,8 +267,9 @@ def report_outliers(valid: Sequence[ClientReply], spec: ReplySpec) -> list[str |
         return problems
     reports = np.stack([np.asarray(_as_array(r.report), dtype=np.float64).reshape(-1) for r in valid])  # [k, m]
     median = np.sort(reports, axis=0)[(len(valid) - 1) // 2]
+    checked = spec.nonnegative_mask()
     for k in range(len(valid)):
-        over = np.flatnonzero(reports[k] > rho * median)
+        over = np.flatnonzero((reports[k] > rho * median) & checked)
         if over.size:
             i = int(over[0])
             problems[k] = (f"report {reports[k, i]:.4g} of task {i} exceeds {rho:g} x the round's lower median "

@@ -132,6 +132,14 @@ class Task:
     higher_is_better : bool, optional
         Direction of a regression task's own score (default: True; the default ``"mse"`` is
         lower-is-better). Classification and multilabel scores are accuracies.
+    nonnegative : bool, optional
+        Whether the loss is bounded below by 0. Default: ``True`` for the built-in losses
+        (cross-entropy, BCE, MSE), ``False`` for a loss of your own (a Gaussian negative
+        log-likelihood, a log-likelihood ratio, ... may be negative). A report (a client's
+        mean loss) below 0 of a task declared non-negative is rejected as invalid; the
+        Flower paths' report-outlier bound (a ratio to the round's median report) applies
+        to non-negative tasks only. Declare ``True`` for an own loss that cannot be negative
+        to keep both checks.
     """
 
     name: str
@@ -141,6 +149,7 @@ class Task:
     score: LossFn | None = None
     metric: str | None = None
     higher_is_better: bool | None = None
+    nonnegative: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -157,6 +166,9 @@ class Task:
             fn = getattr(self, what)
             if fn is not None and not callable(fn):
                 raise ConfigError(f"Task {self.name!r}: {what} = {fn!r} is not callable; pass f(output, target)")
+        if self.nonnegative is not None and not isinstance(self.nonnegative, bool):
+            raise ConfigError(f"Task {self.name!r}: nonnegative = {self.nonnegative!r} must be True (the loss is >= 0), "
+                              "False (a loss of any sign) or None (True for the built-in losses)")
         if self.higher_is_better is not None and self.kind != "regression":
             raise ConfigError(f"Task {self.name!r}: higher_is_better applies to regression tasks only (a {self.kind} "
                               "task's score is an accuracy)")
@@ -170,6 +182,11 @@ class Task:
     def is_accuracy(self) -> bool:
         """Whether the task's score is an accuracy (it enters MeanAcc / WorstAcc)."""
         return self.kind != "regression"
+
+    @property
+    def loss_nonnegative(self) -> bool:
+        """Whether the task's loss is declared ``>= 0`` (``nonnegative``, or: the loss is a built-in one)."""
+        return self.loss is None if self.nonnegative is None else self.nonnegative
 
     def metric_info(self) -> TaskMetric:
         """Name, direction and scale of the task's reported score."""
@@ -224,6 +241,11 @@ class TaskObjective:
     @property
     def metrics(self) -> tuple[TaskMetric, ...]:
         return tuple(t.metric_info() for t in self.tasks)
+
+    @property
+    def nonnegative(self) -> tuple[bool, ...]:
+        """Per task: whether its loss is declared ``>= 0`` (:attr:`Task.loss_nonnegative`)."""
+        return tuple(t.loss_nonnegative for t in self.tasks)
 
     def batch_losses(self, outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         """Per-task mean loss ``[..., m]`` over the batch dimension (``outputs[i] [..., B, size_i]``)."""

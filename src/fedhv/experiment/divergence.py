@@ -153,8 +153,13 @@ def _finite_row(row: Any, m: int) -> list[float] | None:
     return out
 
 
-def check_calibration_reports(reports: Mapping[str, Sequence[Any]], reference: Sequence[Any], hint: str) -> None:
+def check_calibration_reports(reports: Mapping[str, Sequence[Any]], reference: Sequence[Any], hint: str,
+                              nonnegative: Sequence[bool] | None = None) -> None:
     """Rule 5: every calibration report finite, and none above ``10 x`` its seed's first report.
+
+    The growth bound is a ratio, meaningful for a loss bounded below by 0 only: it applies to
+    the tasks ``nonnegative`` declares so (default: every task); a task of any sign is checked
+    for finiteness alone (the model's own divergence checks, rules 1 and 2, still apply).
 
     Parameters
     ----------
@@ -184,7 +189,8 @@ def check_calibration_reports(reports: Mapping[str, Sequence[Any]], reference: S
                     f"calibration round {t + 1} (seed {seed}): the averaged report {row} is missing or non-finite "
                     f"(the calibration diverged); {hint}"
                 )
-            grown = [i for i in range(m) if values[i] > CALIBRATION_GROWTH * first[i]]
+            grown = [i for i in range(m) if (nonnegative is None or nonnegative[i])
+                     and values[i] > CALIBRATION_GROWTH * first[i]]
             if grown:
                 raise DivergenceError(
                     f"calibration round {t + 1} (seed {seed}): the averaged report {_fmt(values)} grew past "

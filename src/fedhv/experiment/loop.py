@@ -16,13 +16,40 @@ from fedhv.algorithms.validation import NoValidReplies
 from fedhv.config.schema import ValidationConfig
 from fedhv.data.federated import FederatedData
 from fedhv.devices import synchronize
-from fedhv.experiment.divergence import check_model, lost_rounds_error, lr_hint
+from fedhv.errors import FedHVError
+from fedhv.experiment.divergence import check_model, lost_rounds_error, lr_hint, where
 from fedhv.experiment.setup import sample_clients
 from fedhv.sim.engine import Engine
 from fedhv.sim.faults import FaultInjector
 from fedhv.sim.federation import SimFederation
 
 log = logging.getLogger("fedhv")
+
+#: The skipped-rounds rule (:func:`run_rounds`): after at least ``SKIPPED_MIN_ROUNDS`` rounds, a run
+#: stops when more than ``SKIPPED_FRACTION`` of its last ``SKIPPED_WINDOW`` rounds (or of all its rounds,
+#: when fewer) were skipped (no valid client reply). A window, not the whole run, so that a run that stops
+#: learning late (every report rejected from round 40 on) is caught within ten rounds.
+SKIPPED_WINDOW = 10
+SKIPPED_FRACTION = 0.5
+SKIPPED_MIN_ROUNDS = 4
+
+
+class SkippedRoundsError(FedHVError):
+    """Most of a run's recent rounds had no valid client reply; the finished rounds are kept."""
+
+
+def skipped_rounds_error(round_done: int, stream: str, skipped: int, window: int,
+                         example: tuple[int, str] | None) -> SkippedRoundsError:
+    """The skipped-rounds rule's error, naming the rounds, a rejected reply and the fix."""
+    detail = f" (e.g. client {example[0]}: {example[1]})" if example else " (every sampled client dropped out)"
+    fix = ("a task's loss is negative: declare Task(..., nonnegative=False) for a loss of any sign"
+           if example and "negative losses" in example[1] else
+           "see the rejection reasons in rounds.jsonl (validation.* bounds, the clients' data, the learning rates)")
+    return SkippedRoundsError(
+        f"{where(round_done, stream)}: {skipped} of the last {window} rounds were skipped (no valid client "
+        f"reply){detail}; the run stops, its finished rounds are kept; {fix}"
+    )
+
 
 #: ``factory(clients, round_idx, seed, stream)`` -> one round's federation: an
 #: :class:`~fedhv.algorithms.base.Federation` with the accounting attributes of
@@ -103,7 +130,13 @@ def run_rounds(
         Resume point: rounds already done and the algorithm state after them.
     faults : FaultInjector, optional
         Simulated client faults. A round in which no client returns a valid reply
-        keeps ``theta`` and the state unchanged and is recorded with ``skipped``.
+        keeps ``theta`` and the state unchanged, is recorded with ``skipped`` and logged
+        with the count so far (``round 7: no valid client reply ...; 3 of 7 rounds
+        skipped``). Without simulated faults, more than ``SKIPPED_FRACTION`` (half) of
+        the last ``SKIPPED_WINDOW`` (10) rounds skipped, after at least
+        ``SKIPPED_MIN_ROUNDS`` (4), stops the run with :class:`SkippedRoundsError` (after
+        ``on_round`` recorded the round); with ``faults.*`` set, skipped rounds are the
+        experiment's expected outcome and never stop it. The window starts again at a resume.
     validation : ValidationConfig, optional
         Reply norm bounds and divergence checks (default: ``ValidationConfig()``).
     federation_factory : FederationFactory, optional
@@ -140,6 +173,9 @@ def run_rounds(
     if state is None:
         state = algorithm.init_state(data.num_tasks)
     pool = data.sampleable()  # None: every client has samples (the paper's settings)
+    recent: list[bool] = []  # skipped flags of this call's rounds (the skipped-rounds rule's window)
+    stop_on_skips = not (faults is not None and faults.active)
+    example: tuple[int, str] | None = None  # a rejected reply of the last skipped round that had one
     for t in range(start_round, start_round + rounds):
         if pool is None:
             clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
@@ -163,7 +199,10 @@ def run_rounds(
         except NoValidReplies:
             skipped, round_log = True, {}
             lost += 1 if federation.diverged else 0
-            log.warning("round %d: no valid client reply; model and task weights kept", t + 1)
+            example = federation.rejected[0] if federation.rejected else example
+            reason = f" (e.g. client {example[0]}: {example[1]})" if federation.rejected and example else ""
+            log.warning("round %d: no valid client reply%s; model and task weights kept; %d of %d rounds skipped",
+                        t + 1, reason, sum(recent) + 1, len(recent) + 1)
         round_log = {**round_log, **getattr(federation, "extras", {})}  # back-end facts (secure aggregation)
         synchronize(engine.device)
         elapsed = time.perf_counter() - t0
@@ -176,4 +215,8 @@ def run_rounds(
             on_round(record, theta, state)
         if v.divergence_rounds and lost >= v.divergence_rounds:
             raise lost_rounds_error(t + 1, stream, lost, federation.diverged[0], hint)
+        recent.append(skipped)
+        window = recent[-SKIPPED_WINDOW:]
+        if stop_on_skips and len(recent) >= SKIPPED_MIN_ROUNDS and sum(window) > SKIPPED_FRACTION * len(window):
+            raise skipped_rounds_error(t + 1, stream, sum(window), len(window), example)
     return theta, state

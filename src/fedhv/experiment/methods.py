@@ -29,6 +29,7 @@ from fedhv.experiment.loop import FederationFactory
 from fedhv.experiment.setup import federated_data, new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
+from fedhv.objectives import nonnegative_losses
 from fedhv.paper import REFERENCES
 from fedhv.registry import METHODS
 
@@ -79,7 +80,8 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
                 f"the given calibration has {len(calibration.reference)} reference values but "
                 f"{cfg.data.benchmark} has {m} tasks; calibrate again"
             )
-        check_calibration_reports(calibration.reports, calibration.reference, lr_hint(cfg.lr_local, cfg.lr_global))
+        check_calibration_reports(calibration.reports, calibration.reference, lr_hint(cfg.lr_local, cfg.lr_global),
+                                  nonnegative_losses(data.objective, m))
         return np.asarray(calibration.reference), "calibration", calibration
     if spec == "calibrate":
         cal_data = data
@@ -93,7 +95,8 @@ def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFac
                 )
             cal_data = federated_data(dataclasses.replace(cfg, partition=p))
         result = calibrate(cfg, cal_data, progress, federation_factory)
-        check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global))
+        check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global),
+                                  nonnegative_losses(data.objective, m))
         return np.asarray(result.reference), "calibration", result
     if spec == "paper":
         if cfg.data.benchmark not in REFERENCES:

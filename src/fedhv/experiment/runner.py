@@ -423,8 +423,19 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             bar.update()
             pause_for_tests(run.path, rec.round)
 
+        postfix = {"eval": ""}  # the progress line: the last evaluation, then the skipped rounds (if any)
+
+        def show(eval_part: str | None = None) -> None:
+            if eval_part is not None:
+                postfix["eval"] = eval_part
+            skipped = f"skipped {totals.skipped_rounds}/{totals.rounds} rounds" if totals.skipped_rounds else ""
+            # a skipped round shows at once (refresh), not at the next redraw
+            bar.set_postfix_str(" ".join(p for p in (postfix["eval"], skipped) if p), refresh=eval_part is None)
+
         def record_round(rec: RoundRecord, theta_new: torch.Tensor, state_new: Any) -> None:
             totals.add_round(rec)
+            if rec.skipped:
+                show()
             record = rec.as_dict()
             if diagnostics is not None and (after := diagnostics.after_round(rec.round, rec.log)) is not None:
                 record["diagnostics"] = after
@@ -441,10 +452,8 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
                 last_eval.update(entry)
                 if "task_score" in entry:
                     mean = entry.get("mean_acc")
-                    bar.set_postfix_str(
-                        f"score {_fmt(entry['task_score'], 2)}" + ("" if mean is None else f" mean {mean:.2f}")
-                        + f" w {_fmt(rec.log.get('weights') or [], 3)}", refresh=False
-                    )
+                    show(f"score {_fmt(entry['task_score'], 2)}" + ("" if mean is None else f" mean {mean:.2f}")
+                         + f" w {_fmt(rec.log.get('weights') or [], 3)}")
             run.rounds.append(record)
             offsets = {name: (run.path / name).stat().st_size for name in ("rounds.jsonl", "metrics.jsonl")}
             latest.update(round=rec.round, theta=theta_new, state=state_new, offsets=offsets)

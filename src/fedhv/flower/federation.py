@@ -208,8 +208,11 @@ class FlowerFederation(FederationAccounting):
 
     def __init__(self, grid: Grid, nodes: NodeMap, clients: np.ndarray, round_idx: int, seed: int, stream: str,
                  config_sha: str, num_tasks: int, timeout: float | None = None, max_update_norm: float = 0.0,
-                 max_norm_ratio: float = 0.0, faults: FaultInjector | None = None, aggregation: str = "mean") -> None:
+                 max_norm_ratio: float = 0.0, faults: FaultInjector | None = None, aggregation: str = "mean",
+                 nonnegative: tuple[bool, ...] | None = None) -> None:
         super().__init__(np.asarray(clients), round_idx)
+        #: Per task: whether its loss is >= 0 (``ReplySpec.nonnegative``; ``None``: every task, the built-in ones).
+        self.nonnegative = nonnegative
         self.aggregation = aggregation
         self.grid, self.nodes = grid, nodes
         self.seed, self.stream, self.sha = seed, stream, config_sha
@@ -336,7 +339,7 @@ class FlowerFederation(FederationAccounting):
             gradient_rows=0 if request.gradients is None else len(request.gradients),
             train_rows=0 if request.train is None else len(request.train),
             max_update_norm=self.max_update_norm, max_norm_ratio=self.max_norm_ratio,
-            max_report_ratio=REPORT_OUTLIER_RATIO,
+            max_report_ratio=REPORT_OUTLIER_RATIO, nonnegative=self.nonnegative,
         )
         weighted = self.aggregation == "samples" and spec.train_rows > 0
         valid = []

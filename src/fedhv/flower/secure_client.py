@@ -43,6 +43,7 @@ from fedhv.algorithms.validation import ClientReply, ReplySpec, reply_problem
 from fedhv.config.flower import QUANTIZATION_RANGE
 from fedhv.flower.node import NodeError, StageResult, config_sha, worker_for
 from fedhv.flower.protocol import HELLO, STAGE, as_int, model_sha, stage_order
+from fedhv.objectives import nonnegative_losses
 from fedhv.rng import derive_seed
 
 #: FitIns config key holding the plain protocol's ``fedhv.stage`` record as JSON.
@@ -143,7 +144,8 @@ def fit(msg: Message, context: Context) -> Message:
     result = worker.serve(theta, order, None)
     cfg = worker.cfg
     spec = ReplySpec(num_tasks=worker.num_tasks, dim=theta.numel(), report=order.report is not None,
-                     train_rows=len(order.train), max_update_norm=cfg.validation.max_update_norm)
+                     train_rows=len(order.train), max_update_norm=cfg.validation.max_update_norm,
+                     nonnegative=nonnegative_losses(worker.data.objective, worker.num_tasks))
     problem = reply_problem(ClientReply(pid, report=result.report, deltas=result.deltas), spec)
     if problem is not None:
         raise NodeError(f"client {pid} withholds its reply: {_redacted(problem)}")

@@ -54,6 +54,8 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
     sha, v = config_sha(config_text), cfg.validation
     ub = user_benchmark(cfg.data.benchmark)  # a user benchmark ("module:attr", importable on every host)
     num_tasks = len(as_tasks(ub.tasks)) if ub is not None else len(BUILDERS[cfg.data.benchmark].task_names)
+    # which tasks' reports must be >= 0: a user's Task(nonnegative=...), every built-in benchmark's (CE / BCE)
+    nonnegative = tuple(t.loss_nonnegative for t in as_tasks(ub.tasks)) if ub is not None else None
 
     def factory(clients: np.ndarray, round_idx: int, seed: int, stream: str) -> FlowerFederation:
         # the nodes inject the configured garbage (faults.corrupt_*, poison_updates) in training rounds,
@@ -67,7 +69,8 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
             return SecureFlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, cfg.flower,
                                           timeout, faults)
         return FlowerFederation(grid, nodes, clients, round_idx, seed, stream, sha, num_tasks, timeout,
-                                v.max_update_norm, v.max_update_norm_ratio, faults, cfg.train.aggregation)
+                                v.max_update_norm, v.max_update_norm_ratio, faults, cfg.train.aggregation,
+                                nonnegative)
 
     factory.engine = "sequential"  # type: ignore[attr-defined]  # what the nodes run (fedhv.flower.node)
     # environment.json["clients"]: what each client's node served (its own file and SHA-256, or samples)
@@ -95,7 +98,8 @@ def round_line(total: int) -> Any:
     def on_round(round_done: int, record: dict[str, Any]) -> None:
         ev = record.get("evaluation") or {}
         extra = "".join(f", {k} {ev[k]:.2f}" for k in ("mean_acc", "worst_acc") if isinstance(ev.get(k), float))
-        log.info("fedhv: round %d/%d%s", round_done, total, extra)
+        skipped = ", skipped (no valid client reply)" if record.get("skipped") else ""
+        log.info("fedhv: round %d/%d%s%s", round_done, total, extra, skipped)
 
     return on_round
 

@@ -22,6 +22,7 @@ from fedhv.algorithms.validation import (
     stack_replies,
 )
 from fedhv.devices import synchronize
+from fedhv.objectives import nonnegative_losses
 from fedhv.sim.engine import Engine
 from fedhv.sim.faults import FaultInjector, dropped_mask, no_faults
 
@@ -109,6 +110,7 @@ class SimFederation(FederationAccounting):
             train_rows=0 if request.train is None else len(request.train),
             max_update_norm=self.max_update_norm,
             max_norm_ratio=self.max_norm_ratio,
+            nonnegative=nonnegative_losses(self.engine.data.objective, self.engine.data.num_tasks),
         )
         sent = split_replies(replies)
         per_client = [self.faults.corrupt(r, self.round_idx, self.stages) for r in sent] if self.faults.active else sent
