@@ -43,6 +43,11 @@ def assert_equals_fedhv_run(out: Path, tmp_path: Path, clients: int) -> None:
     assert [r["report"] for r in got] == [r["report"] for r in want]
     assert [r["weights"] for r in got] == [r["weights"] for r in want]
     assert torch.equal(theta_of(out), theta_of(sim))
+    import json
+
+    # the nodes ran the sequential engine: config.toml and summary.json say so alike
+    assert 'engine = "sequential"' in (out / "config.toml").read_text()
+    assert json.loads((out / "summary.json").read_text())["engine"] == "sequential"
 
 
 def test_the_app_declares_exactly_the_options_it_reads() -> None:
