@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +166,45 @@ def test_calibration_growth_rule_only_for_nonnegative_tasks() -> None:
     check_calibration_reports(reports, [2.45, -0.15], "lower train.lr_local", nonnegative=(True, False))
     with pytest.raises(DivergenceError, match="grew past 10x"):
         check_calibration_reports({"0": [[0.2, -0.3], [2.5, -0.7]]}, [2.65, -0.15], "lower", nonnegative=(True, False))
+
+
+@pytest.fixture
+def flower_identity() -> Iterator[object]:
+    pytest.importorskip("flwr")
+    from loopback_grid import task_identity
+
+    yield from task_identity()
+
+
+def test_strategy_accepts_negative_reports_of_a_signed_task(flower_identity: object,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """FedHVStrategy(nonnegative=[False, True]): task 0's negative reports are aggregated (no ratio bound),
+    task 1's negative report drops that reply; the weights are the inverse slacks of the accepted mean."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+
+    from fedhv.flower.strategy import REPORT_KEY, FedHVStrategy, fedhv_reply
+    from loopback_grid import LoopbackGrid
+
+    reports = {1: [-1.1, 0.5], 2: [-1.2, 0.6], 3: [-0.2, 0.7], 9: [-1.0, -0.2]}  # node 9: task 1 below 0
+
+    def client(node: int) -> Callable[[Message], Message]:
+        def reply(msg: Message) -> Message:
+            got = next(iter(msg.content.array_records.values()))
+            arrays = ArrayRecord({k: Array(got[k].numpy() + np.float32(0.01 * node)) for k in got})
+            return fedhv_reply(msg, arrays, reports[node], 10)
+        return reply
+
+    reference = [0.0, 1.0]
+    strategy = FedHVStrategy(2, reference, nonnegative=[False, True], min_available_nodes=1, min_train_nodes=1)
+    grid = LoopbackGrid({n: client(n) for n in reports})
+    initial = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    messages = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
+    _, metrics = strategy.aggregate_train(1, list(grid.send_and_receive(messages)))
+    assert [r[2] for r in strategy.rejected] == [9] and "task(s) [1]" in strategy.rejected[0][3], strategy.rejected
+    mean = np.mean([reports[n] for n in (1, 2, 3)], axis=0)  # a ratio to the median -1.1 would drop them all
+    assert metrics is not None
+    np.testing.assert_allclose(metrics[REPORT_KEY], mean, rtol=1e-12)
+    inv = 1.0 / (np.asarray(reference) - mean)
+    np.testing.assert_allclose(strategy.weights, inv / inv.sum(), rtol=1e-9)
+    with pytest.raises(fedhv.ConfigError, match="nonnegative = "):
+        FedHVStrategy(2, reference, nonnegative=[False])
