@@ -31,7 +31,7 @@ def _line(out: str, prefix: str) -> str:
     return next(line for line in out.splitlines() if line.startswith(prefix))
 
 
-@pytest.mark.parametrize("name", ["own_mlp.py", "three_losses.py", "hv_centralized.py"])
+@pytest.mark.parametrize("name", ["own_mlp.py", "three_losses.py", "hv_centralized.py", "fine_tune.py"])
 def test_examples_import_only_public_fedhv_names(name: str) -> None:
     tree = ast.parse((EXAMPLES / name).read_text())
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -81,3 +81,16 @@ def test_mnist_writers_example_bn_mixed_tasks_small_and_empty_clients() -> None:
         assert "(accuracy, accuracy, mse)" in line and "engine batched" in line
         mean_acc = float(re.search(r"MeanAcc ([\d.]+)", line).group(1))  # type: ignore[union-attr]
         assert mean_acc == pytest.approx((scores[0] + scores[1]) / 2, abs=0.01)  # the MSE is not averaged in
+
+
+def test_fine_tune_example_keeps_the_encoder_frozen_and_its_scores_are_plain_pytorchs() -> None:
+    """docs/api.md's fine-tuning example: FedHV and Uniform on a frozen pretrained encoder; fedhv's test
+    scores equal a plain-PyTorch evaluation of History.model, and the encoder is bit-identical."""
+    out = _run("fine_tune.py")
+    for method in ("FedHV", "Uniform"):
+        line = _line(out, f"{method}:")
+        fedhv_scores, plain = _numbers(line)
+        assert line.endswith("encoder unchanged True"), line
+        assert fedhv_scores[0] == pytest.approx(plain[0], abs=1e-4)  # accuracy (%)
+        assert fedhv_scores[1] == pytest.approx(plain[1], rel=1e-5)  # MSE: float32 outputs, float64 means
+        assert plain[0] > 55  # the majority class is 50 %: the heads learned on the frozen features
