@@ -35,6 +35,7 @@ from fedhv.config.schema import DiagnosticsConfig
 from fedhv.data.federated import FederatedData
 from fedhv.diagnostics.clients import client_fairness, client_means, population_objective
 from fedhv.diagnostics.theory import draw_probe, loghv_quantities, slack_bound, task_gradients
+from fedhv.objectives import nonnegative_losses
 from fedhv.weighting import hv_weights
 
 
@@ -97,6 +98,10 @@ class Diagnostics:
         gram = (grads @ grads.T).cpu().numpy()
         ref = np.asarray(self.reference, dtype=np.float64)
         q = loghv_quantities(gram, f, ref)
+        # the slack bound takes S = r as the slacks' upper bound, which needs losses >= 0: none for a signed task
+        signed = not all(nonnegative_losses(self.data.objective, len(ref)))
+        if signed:
+            q["slack_bound"] = None
         if q["grad_phi_sq"] is not None:
             self.grad_phi_sq_sum += q["grad_phi_sq"]
             self.grad_phi_sq_count += 1
@@ -111,7 +116,7 @@ class Diagnostics:
             **q,
             "grad_phi_sq_avg": self.grad_phi_sq_sum / self.grad_phi_sq_count if self.grad_phi_sq_count else None,
             "phi_max": self.phi_max,
-            "slack_bound_run": None if self.phi_max is None else slack_bound(self.phi_max, ref),
+            "slack_bound_run": None if self.phi_max is None or signed else slack_bound(self.phi_max, ref),
             "clients": client_fairness(loss, score, self.data.objective),
             "probe_samples": len(self.probe),
             "seconds": seconds,
