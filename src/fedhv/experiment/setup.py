@@ -65,7 +65,6 @@ def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray | list[np.ndarray]]
     p = cfg.partition
     strata = bench.strata(p.strata)
     parts = dirichlet_partition(strata, p.clients, partition_sizes(cfg, len(strata)), p.alpha, p.seed)
-    check_batch_size(cfg, max((len(part) for part in parts), default=0))
     return bench, parts
 
 
@@ -90,6 +89,7 @@ def federated_data(cfg: RunConfig) -> FederatedData:
         return user_federated_data(cfg.data.benchmark, cfg.partition, DTYPES[cfg.dtype], cfg.device,
                                    cfg.data.max_test_samples)
     bench, parts = load_data(cfg)
+    check_batch_size(cfg, max((len(part) for part in parts), default=0))  # training only (not partition-stats)
     return FederatedData.from_benchmark(
         bench,
         parts,
