@@ -15,7 +15,9 @@ torch seed changes nothing. :class:`~fedhv.sim.module.ModuleAdapter` arranges th
 - every other random call the probe sees in train mode (``torch.rand*``, ``torch.randn*``,
   ``torch.bernoulli``, ``Tensor.uniform_``, ``F.dropout2d``, ``F.alpha_dropout``,
   ``F.rrelu(training=True)``, ``F.scaled_dot_product_attention(dropout_p > 0)``, ...) is
-  refused before round 1 with a one-line error naming the call and the fix.
+  refused before round 1 with a one-line error naming the call and the fix, and so is any
+  random ATen op (tag ``nondeterministic_seeded``) a library function draws inside (e.g.
+  ``nn.MultiheadAttention(dropout > 0)``).
 
 A keep-mask has ``B x F`` entries for a batch of ``B`` rows, ``F`` the dropped tensor's values
 per row (measured at the probe on 2 and 4 rows: a tensor whose size does not scale with the
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedhv.errors import ConfigError
 
@@ -90,15 +93,30 @@ def _dropout_args(args: tuple, kwargs: dict) -> tuple[torch.Tensor, float, bool,
             bool(_arg(args, kwargs, 3, "inplace", False)))
 
 
+def _qualname(func: Any) -> str:
+    owner = getattr(func, "__objclass__", None)
+    if owner is not None:
+        return f"Tensor.{getattr(func, '__name__', func)}"
+    module = getattr(func, "__module__", None) or "torch"
+    return f"{module}.{getattr(func, '__name__', func)}"
+
+
 class RandomProbe(TorchFunctionMode):
     """Records a train-mode forward's ``F.dropout`` calls (``p``, values per row) and the first
-    random call that cannot be keyed; dropout is the identity meanwhile (no RNG draws)."""
+    random call that cannot be keyed; dropout is the identity meanwhile (no RNG draws).
+
+    Random calls are recognised by name at the torch-function level (:func:`unkeyed_call`) and,
+    for those a composite function makes inside (``nn.MultiheadAttention``'s dropout, C++
+    kernels), by :class:`RandomOps` at the dispatch level: every ATen op tagged
+    ``nondeterministic_seeded`` is a draw from torch's generator.
+    """
 
     def __init__(self, rows: int) -> None:
         super().__init__()
         self.rows = rows
         self.calls: list[tuple[float, float]] = []
         self.refused: str | None = None
+        self.current: str | None = None  # the torch function running now (for ops found inside it)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -109,7 +127,38 @@ class RandomProbe(TorchFunctionMode):
             return h
         if self.refused is None:
             self.refused = unkeyed_call(func, args, kwargs)
-        return func(*args, **kwargs)
+        self.current = _qualname(func)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.current = None
+
+
+def _draws(op: Any, args: tuple, kwargs: dict | None) -> bool:
+    """Whether a seeded ATen op draws in this call: not with ``dropout_p = 0`` (attention kernels)
+    or ``train = False`` (``native_dropout``), the arguments that switch their randomness off."""
+    kwargs = kwargs or {}
+    for i, a in enumerate(op._schema.arguments):
+        value = kwargs.get(a.name, args[i] if i < len(args) else a.default_value)
+        if a.name == "dropout_p" and not value:
+            return False
+        if a.name in ("train", "training") and value is False:
+            return False
+    return True
+
+
+class RandomOps(TorchDispatchMode):
+    """Flags the first random ATen op (tag ``nondeterministic_seeded``) on ``probe``."""
+
+    def __init__(self, probe: RandomProbe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self.probe.refused is None and torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs):
+            where = self.probe.current
+            self.probe.refused = f"{where} (random op {func})" if where else f"random op {func}"
+        return func(*args, **(kwargs or {}))
 
 
 class MaskBox:
@@ -189,18 +238,21 @@ def probe_random(module: nn.Module, example: torch.Tensor) -> list[tuple[float, 
             for x in (rows, torch.cat([rows, rows])):
                 probe = RandomProbe(len(x))
                 try:
-                    with probe:
+                    with RandomOps(probe), probe:
                         module(x)
                 except Exception as exc:  # noqa: BLE001 - any failure of the user's forward, reported in one line
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     raise ConfigError(f"the model fails in train mode on {len(x)} rows of x: {type(exc).__name__}: "
                                       f"{first}; check the model's forward in train mode") from None
                 if probe.refused:
+                    attention = any(k in probe.refused for k in ("attention", "multi_head"))
+                    hint = (" (nn.MultiheadAttention / nn.Transformer* layers: give them dropout=0 and add "
+                            "nn.Dropout after them)") if attention else ""
                     raise ConfigError(
                         f"the model's forward calls {probe.refused} in train mode: random numbers the simulator "
                         "cannot key to the run's seed (results would change with the global torch seed and differ "
-                        "between engines); use nn.Dropout or F.dropout (keyed per client, round and step), or draw "
-                        "the randomness outside forward")
+                        "between engines); use nn.Dropout or F.dropout (keyed per client, round and step)"
+                        f"{hint}, or draw the randomness outside forward")
                 found.append(probe.calls)
     finally:
         module.train(was)
