@@ -208,3 +208,40 @@ def test_strategy_accepts_negative_reports_of_a_signed_task(flower_identity: obj
     np.testing.assert_allclose(strategy.weights, inv / inv.sum(), rtol=1e-9)
     with pytest.raises(fedhv.ConfigError, match="nonnegative = "):
         FedHVStrategy(2, reference, nonnegative=[False])
+
+
+def test_flower_backend_validates_reports_per_task(flower_identity: object) -> None:
+    """fedhv's own ServerApp federation with ``nonnegative=(False, True)`` (a user benchmark's tasks): task 0's
+    negative reports pass (no ratio bound), a negative task-1 report is rejected; a real Uniform stage."""
+    from flwr.app import Message
+
+    from fedhv.algorithms.uniform import Uniform
+    from fedhv.flower.federation import FlowerFederation, NodeMap
+    from fedhv.flower.node import StageResult
+    from fedhv.flower.protocol import result_content
+    from loopback_grid import LoopbackGrid
+
+    reports = {0: [-1.1, 0.5], 1: [-1.2, 0.6], 2: [-0.2, 0.7], 3: [-1.0, -0.2]}  # client 3: task 1 below 0
+
+    def node(client: int) -> Callable[[Message], Message]:
+        def reply(msg: Message) -> Message:
+            return Message(result_content(StageResult(report=np.array(reports[client]),
+                                                      deltas=np.full((1, 4), 0.1 * client))), reply_to=msg)
+        return reply
+
+    def stage(nonnegative: tuple[bool, ...] | None) -> tuple[FlowerFederation, list[float]]:
+        grid = LoopbackGrid({10 + c: node(c) for c in reports})
+        nodes = NodeMap({c: 10 + c for c in reports}, {c: {"samples": 10} for c in reports})  # type: ignore[arg-type]
+        fed = FlowerFederation(grid, nodes, np.array(sorted(reports)), 0, 1, "train", "sha", 2,
+                               nonnegative=nonnegative)
+        algorithm = Uniform(lr_global=1.0, report=True)
+        return fed, algorithm.round(algorithm.init_state(2), torch.zeros(4, dtype=torch.float64), fed).log["report"]
+
+    fed, report = stage((False, True))
+    assert [c for c, _ in fed.rejected] == [3] and "task(s) [1]" in fed.rejected[0][1], fed.rejected
+    np.testing.assert_allclose(report, np.mean([reports[c] for c in (0, 1, 2)], axis=0), rtol=1e-12)
+    from fedhv.algorithms.validation import NoValidReplies
+
+    with pytest.raises(NoValidReplies) as err:  # the built-in benchmarks: every task >= 0, every reply rejected
+        stage(None)
+    assert len(err.value.rejected) == 4 and all("negative losses" in r for _, r in err.value.rejected)
