@@ -166,6 +166,9 @@ def run_rounds(
         ``validation.divergence_rounds`` rounds in a row lost to non-finite training
         output (after ``on_round`` recorded the last of them). See
         :mod:`fedhv.experiment.divergence`.
+    SkippedRoundsError
+        When most recent rounds were skipped (the skipped-rounds rule above), after
+        ``on_round`` recorded the last of them.
     """
     v = validation or ValidationConfig()
     hint = lr_hint(engine.lr_local, float(getattr(algorithm, "lr_global", float("nan"))))
