@@ -21,7 +21,9 @@ you already have works:
    loss per task, ``l_i(theta^0)`` (a ``C``-class cross-entropy starts near ``log C``;
    losses mostly fall from there);
 2. set ``r_i = l_i(theta^0) + delta_r`` with ``delta_r = 0.15`` (for losses on another
-   scale use about 10 % of ``l_i(theta^0)``) -- :func:`reference_from_losses` does
+   scale use about 10 % of the loss's scale, ``|l_i(theta^0)|`` or how far it is expected
+   to fall: a loss may be negative, e.g. a Gaussian NLL, and the margin must stay
+   ``>= 0``) -- :func:`reference_from_losses` does
    this from one row or from the rows of a short warm-up with uniform weights.
 
 If a task's loss rises above ``r_i`` during training its slack hits the floor
