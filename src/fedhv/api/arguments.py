@@ -9,11 +9,13 @@ numpy.int64(3)`` is the seed 3).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -47,6 +49,35 @@ def as_method(method: object) -> Method:
             f"{method!r}; pass one of {_CHOICES}"
         raise ConfigError(f"method = {method!r} is a string; {hint}")
     raise ConfigError(f"method = {method!r} ({type(method).__name__}) is not a fedhv method; pass one of {_CHOICES}")
+
+
+def plain_int(value: object) -> object:
+    """A numpy (or other ``numbers.Integral``) integer as a Python ``int``; anything else unchanged."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
+
+
+def plain_numbers(obj: Any) -> Any:
+    """``obj`` (a configuration dataclass, tuple, dict) with numpy scalars as the Python numbers they
+    hold, so ``np.float32(0.05)`` is the learning rate 0.05 (and ``config.toml`` can record it)."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: plain_numbers(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    if isinstance(obj, tuple):
+        return tuple(plain_numbers(v) for v in obj)
+    if isinstance(obj, list):
+        return [plain_numbers(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: plain_numbers(v) for k, v in obj.items()}
+    return obj
+
+
+def real(name: str, value: object, example: str) -> float:
+    """``value`` as a float when it is a real number (numpy's too); else a one-line refusal."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"{name} = {value!r} ({type(value).__name__}) is not a number; pass e.g. {name} = {example}")
 
 
 def as_seed(name: str, value: object) -> int:

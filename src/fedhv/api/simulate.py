@@ -28,7 +28,7 @@ import tomllib
 import torch
 from torch import nn
 
-from fedhv.api.arguments import as_device, as_method, as_seed, shared_parameters
+from fedhv.api.arguments import as_device, as_method, as_seed, plain_int, plain_numbers, real, shared_parameters
 from fedhv.api.arguments import clients_per_round as check_clients_per_round
 from fedhv.api.arguments import hv_reference as check_hv_reference
 from fedhv.api.dataset import FederatedDataset
@@ -132,6 +132,7 @@ def _train_keys(local_steps: int, batch_size: int, lr_local: float, momentum: fl
     if aggregation not in AGGREGATIONS:
         raise ConfigError(f"aggregation = {aggregation!r} is unknown; use \"mean\" (the paper) or \"samples\" "
                           "(weighted by the clients' sample counts)")
+    lr_local, momentum = real("lr_local", lr_local, "0.1"), real("momentum", momentum, "0.9")
     local = LocalTraining.of(optimizer, optimizer_options, local_epochs, clip_grad_norm, momentum)
     return {"local_steps": local_steps, "batch_size": batch_size, "lr_local": lr_local, "momentum": momentum,
             "optimizer": local.optimizer, "optimizer_options": dict(local.options),
@@ -283,11 +284,13 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
     """
     start = time.perf_counter()
     method = as_method(method)
+    # numpy integers (a loop over np.arange, a config read by pandas) are the integers they hold
+    rounds, local_steps, batch_size, eval_every = map(plain_int, (rounds, local_steps, batch_size, eval_every))
     train = _train_keys(local_steps, batch_size, lr_local, momentum, optimizer, optimizer_options, local_epochs,
                         clip_grad_norm, aggregation)
     cfg = method.configure(_base_config(model, data, name, rounds, clients_per_round, train, seed, engine, precision,
                                         device, eval_every, hv_reference))
-    cfg = dataclasses.replace(_with_diagnostics(cfg, diagnostics), engine_chunk=engine_chunk)
+    cfg = plain_numbers(dataclasses.replace(_with_diagnostics(cfg, diagnostics), engine_chunk=engine_chunk))
     _check_shared(model, cfg)
     digest = data.digest()
     ub = _benchmark(model, data, heads, cfg.device)
@@ -344,8 +347,8 @@ def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, mar
                         clip_grad_norm, aggregation)
     method = FedHV(lr_global, None, report_batches=report_batches, calibration_rounds=rounds, margin=margin,
                    calibration_seeds=tuple(seeds))
-    cfg = method.configure(_base_config(model, data, "calibration", 1, clients_per_round, train, 0, engine,
-                                        precision, device, 1, PAPER_HV_REFERENCE))
+    cfg = plain_numbers(method.configure(_base_config(model, data, "calibration", 1, clients_per_round, train, 0,
+                                                      engine, precision, device, 1, PAPER_HV_REFERENCE)))
     if not 0 <= margin < float("inf") or not seeds:
         raise ConfigError(f"margin = {margin}, seeds = {list(seeds)}: a calibration needs a finite margin >= 0 and "
                           "at least one seed")
