@@ -132,11 +132,12 @@ def flower_deployment(request: pytest.FixtureRequest):  # type: ignore[no-untype
     """One SuperLink and ``NODES`` SuperNodes shared by the Flower test modules (starting one costs
     seconds of process start-up); no process survives it. ``tests/test_flower_faults.py``'s kill test
     kills a SuperNode and therefore runs last (file order, then its position in the module). Its nodes'
-    operator allows the tests' user benchmark (``bn_benchmark:make_benchmark``, tests/test_flower.py)."""
+    operator allows the tests' user benchmarks (``bn_benchmark:make_benchmark``, ``frozen_benchmark:make_benchmark``,
+    tests/test_flower.py)."""
     from flower_support import NODES, checked_deployment
 
     with checked_deployment(request, NODES, min_procs=1 + 2 * NODES,
-                            allow_benchmarks=("bn_benchmark:make_benchmark",)) as dep:
+                            allow_benchmarks=("bn_benchmark:make_benchmark", "frozen_benchmark:make_benchmark")) as dep:
         yield dep
 
 

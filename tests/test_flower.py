@@ -113,6 +113,44 @@ def test_flower_federates_batchnorm_buffers_like_the_simulator(flower_deployment
         assert a["clients"] == b["clients"]
 
 
+#: A fine-tuning user benchmark (tests/frozen_benchmark.py: a frozen encoder layer and head bias) with FedCMOO,
+#: whose first local step comes from the gradients the nodes hold.
+FROZEN_CONFIG = BN_CONFIG.replace('"bn"', '"frozen"').replace('"fedhv"', '"fedcmoo"').replace(
+    "bn_benchmark", "frozen_benchmark").replace("[lr.fedhv]", "[lr.fedcmoo]")
+
+
+@needs_flwr
+def test_flower_keeps_frozen_parameters_and_matches_both_engines(flower_deployment: Deployment,
+                                                                 tmp_path: Path) -> None:
+    """Frozen parameters are neither sent nor trained over Flower: the final model equals the simulator's
+    (sequential and batched engine) and its frozen parameters are bit-identical to the initial ones."""
+    from fedhv.models.params import default_init
+    from fedhv.rng import torch_generator
+    from frozen_benchmark import FrozenNet
+
+    path = tmp_path / "frozen.toml"
+    path.write_text(FROZEN_CONFIG)
+    cfg = load_config(str(path), [])
+    flower = flower_deployment.submit(cfg, tmp_path / "flower")
+    runs = {"flower": flower}
+    for engine in ("sequential", "batched"):
+        runs[engine] = tmp_path / engine
+        run_experiment(load_config(str(path), [f'engine="{engine}"']), runs[engine], progress=False)
+    init = FrozenNet()
+    default_init(init, torch_generator(1, "model-init"))  # theta^0 of the run (seed 1), as every node builds it
+    first = {n: p.detach().double() for n, p in init.named_parameters()}
+    states = {k: torch.load(d / "model.pt", weights_only=True)["state_dict"] for k, d in runs.items()}
+    for name in ("encoder.1.weight", "encoder.1.bias", "heads.1.bias"):
+        for k, state in states.items():
+            assert torch.equal(state[name], first[name]), (k, name)
+    assert not torch.equal(states["flower"]["heads.0.weight"], first["heads.0.weight"])
+    for name, value in states["sequential"].items():
+        for k in ("flower", "batched"):
+            torch.testing.assert_close(states[k][name], value, rtol=0, atol=1e-10, msg=f"{k} {name}")
+    for a, b in zip(rounds_of(flower), rounds_of(runs["sequential"])):
+        assert a["clients"] == b["clients"] and a["rejected_clients"] == a["dropped_clients"] == 0, a
+
+
 @needs_flwr
 def test_failed_server_app_is_an_error(flower_deployment: Deployment, tmp_path: Path) -> None:
     """``flwr run`` exits 0 when the ServerApp fails; the deployment still reports the failure."""
