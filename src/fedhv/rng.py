@@ -13,8 +13,6 @@ import hashlib
 import numpy as np
 import torch
 
-_PURPOSES: dict[str, int] = {}
-
 
 def _key_to_int(key: int | str) -> int:
     if isinstance(key, (int, np.integer)):

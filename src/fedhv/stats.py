@@ -33,7 +33,6 @@ from fedhv.objectives import MultiLabel
 from fedhv.registry import resolve_benchmark
 from fedhv.safe_io import dumps_strict
 
-FORMATS: tuple[str, ...] = ("text", "csv", "json")
 #: Columns of the CSV output.
 CSV_COLUMNS: tuple[str, ...] = (
     "setting", "strata", "same_as", "configured", "strata_present", "task", "mean_tv", "max_client_tv",

@@ -13,8 +13,6 @@ from fedhv.config.flower import FlowerConfig
 
 #: The built-in methods (``method = ...`` accepts every name in :data:`fedhv.registry.METHODS`).
 METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
-#: Method names accepted as keys of the ``[lr]`` table (the paper's four methods).
-LR_METHODS: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
 AGGREGATIONS: tuple[str, ...] = ("mean", "samples")
 #: ``partition.sizes``: every client the same size, or log-normal sizes (cross-device).
 SIZES: tuple[str, ...] = ("equal", "lognormal")

@@ -49,7 +49,6 @@ GROUPS: tuple[tuple[int, ...], ...] = (
 )
 #: Reference code's 'first-label' strata for CelebA: Attractive, Male, Mouth_Slightly_Open.
 FIRST_LABEL_ATTRIBUTES = (2, 20, 21)
-MEAN_RGB = (72.39239876, 82.90891754, 73.15835921)
 FULL_ROWS = 202_599
 ANNOTATION_MD5 = {
     "list_attr_celeba.txt": "75e246fa4810816ffd6ee81facbd244c",

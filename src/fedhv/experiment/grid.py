@@ -64,7 +64,6 @@ ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "participation": ("train.clients_per_round", (5, 10, 20, 30)),
     "local-steps": ("train.local_steps", (1, 5, 10, 20)),
 }
-PAPER_SEEDS: tuple[int, ...] = (0, 42, 2026)
 
 
 @dataclass(frozen=True)

@@ -187,10 +187,6 @@ def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: Method
     setup.diagnostics_calibration = cal
 
 
-#: The method registry (kept under its former name for existing callers).
-METHOD_BUILDERS = METHODS
-
-
 def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
                  calibration: CalibrationResult | None = None,
                  federation_factory: FederationFactory | None = None) -> MethodSetup:
