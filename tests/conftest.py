@@ -74,9 +74,9 @@ def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
 #: (pyproject) the xdist scheduler hands work units out in collection order (one to each
 #: worker, then the next to whichever runs dry), so the long Flower deployments start at once
 #: instead of being left for the end of the run.
-HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py", "test_issue28_lifetime.py",
-               "test_flower_lockdown.py", "test_flower_app.py", "test_issue28_lifetime_flower.py",
-               "test_flower_app_deploy.py", "test_flower_cli.py", "test_issue29_defects.py", "test_engines.py",
+HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py", "test_flower_process_lifetime.py",
+               "test_flower_lockdown.py", "test_flower_app.py", "test_flower_process_deaths.py",
+               "test_flower_app_deploy.py", "test_flower_cli.py", "test_flower_backend_checks.py", "test_engines.py",
                "test_cifar.py", "test_celeba.py", "test_node_data.py", "test_grid_safety.py", "test_resume.py",
                "test_grid_ray.py", "test_flower_gate.py", "test_code_trust.py", "test_node_trust.py",
                "test_grid_shipments.py"]
@@ -85,7 +85,7 @@ HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py
 #: built once): the Flower deployment (``test_flower_faults.py``'s SuperNode kill runs after
 #: every other user of it, by file order) and the small grid of the result-reading tests.
 SHARED_UNITS = {"test_flower.py": "flower_deployment", "test_flower_faults.py": "flower_deployment",
-                "test_i16_outputs.py": "small_grid", "test_results_robust.py": "small_grid",
+                "test_outputs_format.py": "small_grid", "test_results_robust.py": "small_grid",
                 "test_file_safety.py": "small_grid", "test_received_values.py": "small_grid"}
 
 

@@ -116,7 +116,7 @@ def _same(a: Any, b: Any) -> bool:
         return type(a) is type(b) and _same(vars(a), vars(b))
     if hasattr(a, "tobytes"):  # numpy arrays
         return hasattr(b, "tobytes") and a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    return bool(a == b) or (a != a and b != b)
+    return bool(a == b) or (a != a and b != b)  # noqa: PLR0124 - NaN matches NaN
 
 
 def test_every_flipped_bit_is_detected_or_harmless(run: Path) -> None:

@@ -34,7 +34,7 @@ ray = pytest.importorskip("ray", reason="the Ray grid needs ray: pip install -e 
 
 from fedhv.experiment.grid_ship import Collector, ShipError, pack_dir, write_members
 from fedhv.flower.lifetime import alive, descendants
-from test_issue28_lifetime import _cmdline
+from test_flower_process_lifetime import _cmdline
 
 from helpers import from_a_shell, signal_state
 

@@ -132,7 +132,7 @@ def test_renderers_and_cli_tables(grid_dir: Path, capsys: pytest.CaptureFixture[
     lines = md.splitlines()
     assert "| MultiMNIST | " + " | ".join(md_cells) + " |" in lines
     assert "| paper | 90.17 ± 0.18 | 88.14 ± 0.34 | 90.72 ± 0.65 | 88.94 ± 0.61 |" in lines
-    # these runs are not the paper's setting (3 rounds, 6 clients, ...): no Δ numbers (test_i16_outputs.py)
+    # these runs are not the paper's setting (3 rounds, 6 clients, ...): no Δ numbers (test_outputs_format.py)
     assert "| Δ n/a: setting differs | n/a | n/a | n/a | n/a |" in lines
     tex_cells = [("\\textbf{" if best[c[1]] == c[0] else "\\underline{") + text[c].replace("±", "$\\pm$") + "}"
                  for c in columns]

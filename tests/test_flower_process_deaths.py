@@ -1,4 +1,4 @@
-"""Issue 28 item 4, the deployment's other deaths (split from ``test_issue28_lifetime.py`` so the two
+"""Issue 28 item 4, the deployment's other deaths (split from ``test_flower_process_lifetime.py`` so the two
 files' Flower runs go to both xdist workers):
 
 - ``kill -9`` of the SuperLink mid-run: the launcher exits with an error naming it and, when it
@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 from flower_support import needs_flwr, rounds_of
-from test_issue28_lifetime import _assert_all_gone, _cmdline, _flower_cmd, _lines, _resume_cmd, _token, _until
+from test_flower_process_lifetime import _assert_all_gone, _cmdline, _flower_cmd, _lines, _resume_cmd, _token, _until
 
 from helpers import from_a_shell, signal_state
 

@@ -7,7 +7,7 @@
   is killed with ``SIGKILL``;
 - ``fedhv flower local`` as a real process: ``kill -9`` mid-run leaves no process (by PID and
   by mark) and ``--resume`` ends bit-identical to the simulator's float64 run (the SuperLink's
-  death and Ctrl-C: ``test_issue28_lifetime_flower.py``);
+  death and Ctrl-C: ``test_flower_process_deaths.py``);
 - ``--resume`` of a directory another process holds is refused before any process starts.
 """
 
