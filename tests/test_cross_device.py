@@ -95,11 +95,11 @@ def _min_round_seconds(clients: int) -> float:
 
 def test_per_round_time_does_not_grow_with_the_population() -> None:
     """Rounds touch the M sampled clients only: at N = 100,000 a round (sampling, training,
-    aggregation, bookkeeping) costs within 1.5x of N = 1,000 (min over 15 rounds, one process;
+    aggregation, bookkeeping) costs within 1.5x + 5 ms of N = 1,000 (min over 15 rounds, one process;
     a per-round pass over the N clients' sizes adds ~30 ms to a ~5 ms round)."""
     t0 = time.perf_counter()
     small, large = _min_round_seconds(1_000), _min_round_seconds(100_000)
-    assert large <= 1.5 * small, (small, large)
+    assert large <= 1.5 * small + 0.005, (small, large)  # + 5 ms: another xdist worker's load on a ~5 ms round
     assert time.perf_counter() - t0 < 120
 
 

@@ -112,6 +112,12 @@ def _ray() -> Any:
     return ray
 
 
+#: Ray's interval (ms) at which a worker checks that its raylet lives; it exits at once when not. A local
+#: instance's raylet dies with a killed driver, so its workers get 3 s (Ray's default: 1 s) in which fedhv's
+#: driver watch (0.1 s, :func:`fedhv.experiment.grid_ship.watch_driver`) interrupts the run and it checkpoints.
+WORKER_GRACE_ENV = "RAY_raylet_death_check_interval_milliseconds"
+
+
 @contextlib.contextmanager
 def loopback_only() -> Iterator[None]:
     """Within the block, a Ray node this process starts (``ray.init(address="local")``, Ray's
@@ -123,7 +129,9 @@ def loopback_only() -> Iterator[None]:
     except ImportError:  # pragma: no cover - another Ray layout
         ray_constants = None
     saved_env, saved = os.environ.get(LOOPBACK_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    saved_grace = os.environ.get(WORKER_GRACE_ENV)
     os.environ[LOOPBACK_ENV] = "0"
+    os.environ.setdefault(WORKER_GRACE_ENV, "3000")
     if saved is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
@@ -131,6 +139,8 @@ def loopback_only() -> Iterator[None]:
     finally:
         if saved is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_grace is None:
+            os.environ.pop(WORKER_GRACE_ENV, None)
         if saved_env is None:
             os.environ.pop(LOOPBACK_ENV, None)
         else:

@@ -311,7 +311,7 @@ def watch_driver(driver: tuple[int, int | None] | None) -> None:
 
     def watch() -> None:
         while alive(*driver):
-            time.sleep(0.5)
+            time.sleep(0.1)  # well within the workers' raylet-death check (grid_ray.WORKER_GRACE_ENV)
         _thread.interrupt_main()
 
     threading.Thread(target=watch, name="fedhv-driver-watch", daemon=True).start()
