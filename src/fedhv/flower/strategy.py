@@ -59,9 +59,7 @@ from fedhv.algorithms.validation import (
     REPORT_OUTLIER_RATIO,
     ClientReply,
     ReplySpec,
-    array_problem,
     count_problem,
-    reply_problem,
     report_outliers,
 )
 from fedhv.errors import ConfigError
@@ -78,6 +76,8 @@ from fedhv.flower.strategy_messages import (
     node_id,
     records,
     task_weights,
+    train_arrays_problem,
+    train_metrics_problem,
 )
 from fedhv.weighting import hv_weights, reference_from_losses
 
@@ -338,53 +338,11 @@ class FedHVWeighting(FedAvg):
                     f"{len(content.config_records)} ConfigRecords; expected one ArrayRecord and one MetricRecord "
                     "(build the reply with fedhv.flower.strategy.fedhv_reply)")
         arrays, metrics = records(reply)
-        problem = self._arrays_problem(arrays)
-        if problem is not None:
-            return problem
-        return self._metrics_problem(metrics)
-
-    def _arrays_problem(self, arrays: ArrayRecord) -> str | None:
-        sent = self._sent
-        if sent is None:  # aggregate_train without configure_train: nothing to compare with
+        if self._sent is None:  # aggregate_train without configure_train: nothing to compare with
             return "no arrays were broadcast in this round"
-        names = list(arrays.keys())
-        if set(names) != set(sent) or len(names) != len(sent):
-            missing, extra = sorted(set(sent) - set(names)), sorted(set(names) - set(sent))
-            return f"array names differ from the broadcast ones (missing {missing[:5]}, unexpected {extra[:5]})"
-        for name in names:
-            problem = array_problem(f"array {name!r}", arrays[name].numpy(), sent[name])
-            if problem is not None:
-                return problem
-        return None
-
-    def _metrics_problem(self, metrics: MetricRecord) -> str | None:
-        allowed = {REPORT_KEY, UNIT_KEY, EXAMPLES_KEY, *self.metric_keys}
-        extra = sorted(set(metrics.keys()) - allowed)
-        if extra:
-            return f"unexpected metric keys {extra[:5]} (declare them with metric_keys=[...])"
-        missing = [k for k in (REPORT_KEY, *self.metric_keys) if k not in metrics]
-        if self.weighted_by_key == EXAMPLES_KEY and EXAMPLES_KEY not in metrics:
-            missing.append(EXAMPLES_KEY)
-        if missing:
-            return f"metric keys {missing} missing (build the reply with fedhv.flower.strategy.fedhv_reply)"
-        report = metrics[REPORT_KEY]
-        if not isinstance(report, list):
-            return f"{REPORT_KEY} = {report!r} is not a list of {self.num_tasks} losses"
-        problem = reply_problem(ClientReply(0, report=report), ReplySpec(num_tasks=self.num_tasks, dim=0, report=True,
-                                                                         nonnegative=self.nonnegative))
-        if problem is not None:
-            return problem
-        if UNIT_KEY in metrics and metrics[UNIT_KEY] != 1:
-            return f"{UNIT_KEY} = {metrics[UNIT_KEY]!r}, expected 1 (the server weights the replies, not the client)"
-        if EXAMPLES_KEY in metrics:
-            problem = count_problem(metrics[EXAMPLES_KEY], EXAMPLES_KEY, 1, self.max_num_examples)
-            if problem is not None:
-                return problem
-        for key in self.metric_keys:
-            value = metrics[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-                return f"metric {key!r} = {value!r} is not a finite number"
-        return None
+        return train_arrays_problem(arrays, self._sent) or train_metrics_problem(
+            metrics, self.num_tasks, self.nonnegative, self.metric_keys, self.max_num_examples,
+            need_examples=self.weighted_by_key == EXAMPLES_KEY)
 
     def _aggregate(self, valid: list[tuple[int, ArrayRecord, MetricRecord]]) -> tuple[ArrayRecord, MetricRecord]:
         """Mean of the valid replies, weighted by the server: ``1/k`` each, or the ``num-examples`` shares."""

@@ -3,7 +3,8 @@
 A ClientApp reads the task weights of a train message with :func:`task_weights`, answers it with
 :func:`fedhv_reply` and answers an evaluate message with :func:`fedhv_evaluate_reply`. The
 Strategies (:mod:`fedhv.flower.strategy`) validate every reply before it counts; the checks of an
-evaluate reply live here (:func:`evaluate_reply_problem`), those of a train reply in the Strategy.
+evaluate reply (:func:`evaluate_reply_problem`) and of a train reply's records
+(:func:`train_arrays_problem`, :func:`train_metrics_problem`) live here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedhv.algorithms.validation import count_problem
+from fedhv.algorithms.validation import ClientReply, ReplySpec, array_problem, count_problem, reply_problem
 from fedhv.errors import ConfigError
 
 WEIGHTS_KEY = "fedhv-weights"
@@ -98,6 +99,55 @@ def evaluate_reply_problem(reply: Message, num_tasks: int, max_num_examples: int
             return f"metric {key!r} is a list of {len(value)} values; a list metric has one value per task ({num_tasks})"
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) for v in row):
             return f"metric {key!r} = {value!r} is not a finite number (or a list of finite numbers)"
+    return None
+
+
+def train_arrays_problem(arrays: ArrayRecord, sent: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why a train reply's arrays must be dropped, or ``None``: exactly the broadcast arrays' names
+    (``sent``: name -> shape) and shapes, real numbers, all finite."""
+    names = list(arrays.keys())
+    if set(names) != set(sent) or len(names) != len(sent):
+        missing, extra = sorted(set(sent) - set(names)), sorted(set(names) - set(sent))
+        return f"array names differ from the broadcast ones (missing {missing[:5]}, unexpected {extra[:5]})"
+    for name in names:
+        problem = array_problem(f"array {name!r}", arrays[name].numpy(), sent[name])
+        if problem is not None:
+            return problem
+    return None
+
+
+def train_metrics_problem(metrics: MetricRecord, num_tasks: int, nonnegative: Sequence[bool],
+                          metric_keys: Sequence[str], max_num_examples: int, need_examples: bool) -> str | None:
+    """Why a train reply's MetricRecord must be dropped, or ``None``: a report of ``num_tasks``
+    finite values (``>= 0`` where ``nonnegative``), ``fedhv-unit`` absent or 1, ``num-examples`` an
+    integer in ``[1, max_num_examples]`` (required when ``need_examples``), the declared
+    ``metric_keys`` as finite numbers, and no other key."""
+    allowed = {REPORT_KEY, UNIT_KEY, EXAMPLES_KEY, *metric_keys}
+    extra = sorted(set(metrics.keys()) - allowed)
+    if extra:
+        return f"unexpected metric keys {extra[:5]} (declare them with metric_keys=[...])"
+    missing = [k for k in (REPORT_KEY, *metric_keys) if k not in metrics]
+    if need_examples and EXAMPLES_KEY not in metrics:
+        missing.append(EXAMPLES_KEY)
+    if missing:
+        return f"metric keys {missing} missing (build the reply with fedhv.flower.strategy.fedhv_reply)"
+    report = metrics[REPORT_KEY]
+    if not isinstance(report, list):
+        return f"{REPORT_KEY} = {report!r} is not a list of {num_tasks} losses"
+    problem = reply_problem(ClientReply(0, report=report), ReplySpec(num_tasks=num_tasks, dim=0, report=True,
+                                                                     nonnegative=tuple(nonnegative)))
+    if problem is not None:
+        return problem
+    if UNIT_KEY in metrics and metrics[UNIT_KEY] != 1:
+        return f"{UNIT_KEY} = {metrics[UNIT_KEY]!r}, expected 1 (the server weights the replies, not the client)"
+    if EXAMPLES_KEY in metrics:
+        problem = count_problem(metrics[EXAMPLES_KEY], EXAMPLES_KEY, 1, max_num_examples)
+        if problem is not None:
+            return problem
+    for key in metric_keys:
+        value = metrics[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            return f"metric {key!r} = {value!r} is not a finite number"
     return None
 
 
