@@ -18,14 +18,21 @@ import logging
 import math
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from fedhv import safe_io
 from fedhv.results.pooling import PooledRunsError, label_configurations  # noqa: F401 - re-exported
+from fedhv.results.received import (
+    config_problem,
+    job_problem,
+    load_checked,
+    object_problem,
+    read_records,
+    summary_problem,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -100,7 +107,7 @@ class Run:
         p = self.path / "calibration.json"
         if not p.exists():
             return None
-        return _load_checked(p, json.loads, _object_problem, left_out="")
+        return load_checked(p, json.loads, object_problem, left_out="")
 
     def config_value(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.config
@@ -198,244 +205,18 @@ def evaluation_note(runs: Sequence[Run]) -> str:
     return " ".join(parts)
 
 
-#: Record and summary fields the tables and figures read, by kind (each may be ``null``).
-NUMBER_FIELDS: tuple[str, ...] = (
-    "mean_acc", "worst_acc", "mean_loss", "hv", "wall_clock_s", "min_report_slack", "floor_activations",
-    "floor_checks", "bytes_down_per_client_round", "bytes_up_per_client_round", "seconds", "bytes_down", "bytes_up",
-)
-LIST_FIELDS: tuple[str, ...] = ("task_acc", "task_loss", "weights", "reference")
-TABLE_FIELDS: tuple[str, ...] = ("calibration", "end_to_end")
-
-
-#: ``diagnostics`` values the tables and figures read as one number (each may be ``null``).
-DIAGNOSTICS_SCALARS: tuple[str, ...] = (
-    "grad_phi_sq", "grad_phi_sq_avg", "pareto_residual", "min_slack", "slack_bound_run", "phi_max", "report_error",
-    "stale_weight_error", "probe_samples", "seconds",
-)
-
-
-def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-def _field_problem(record: dict[str, Any]) -> str | None:
-    """Why ``record`` cannot be read (a field of the wrong type), or None."""
-    for key in NUMBER_FIELDS:
-        if key in record and not _is_number(record[key]):
-            return f"{key!r} is not a number"
-    for key in LIST_FIELDS:
-        if key in record and not (record[key] is None or (isinstance(record[key], list)
-                                                         and all(_is_number(v) for v in record[key]))):
-            return f"{key!r} is not a list of numbers"
-    for key in TABLE_FIELDS:
-        if key in record and record[key] is not None:
-            if not isinstance(record[key], dict):
-                return f"{key!r} is not a JSON object"
-            problem = _field_problem(record[key])
-            if problem is not None:
-                return f"{key}.{problem}"
-    return None
-
-
-def _summary_problem(summary: Any) -> str | None:
-    """Why a parsed ``summary.json`` cannot be used, or None."""
-    if not isinstance(summary, dict):
-        return "not a JSON object"
-    for key in ("setting", "method"):
-        if key in summary and not isinstance(summary[key], str):
-            return f"{key!r} is not a string"
-    if "seed" in summary and not (isinstance(summary["seed"], int) and not isinstance(summary["seed"], bool)):
-        return "'seed' is not an integer"
-    tasks = summary.get("tasks")
-    if tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
-        return "'tasks' is not a list of names"
-    return _field_problem(summary)
-
-
-def _config_problem(config: dict[str, Any]) -> str | None:
-    """Why a parsed ``config.toml`` cannot be used (a read key of the wrong type), or None."""
-    for key in ("setting", "method"):
-        if key in config and not isinstance(config[key], str):
-            return f"{key!r} is not a string"
-    if "seed" in config and not (isinstance(config["seed"], int) and not isinstance(config["seed"], bool)):
-        return "'seed' is not an integer"
-    for table, key in (("eval", "test_period"), ("train", "clients_per_round")):
-        section = config.get(table, {})
-        if not isinstance(section, dict):
-            return f"[{table}] is not a table"
-        value = section.get(key, 0)
-        if not (isinstance(value, int) and not isinstance(value, bool)):
-            return f"{table}.{key} is not an integer"
-    return None
-
-
-def _record_problem(record: Any) -> str | None:
-    """Why a parsed JSON-lines record cannot be used, or None."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
-    if not (isinstance(record.get("round"), int) and not isinstance(record.get("round"), bool)):
-        return "no integer 'round'"
-    return _field_problem(record)
-
-
-def _read_text(path: Path) -> str:
-    """UTF-8 text of the regular file ``path`` (``UnicodeDecodeError`` / ``OSError`` propagate; a link,
-    a FIFO, a device or a file over :data:`fedhv.safe_io.MAX_FILE_BYTES` is an ``OSError`` naming it)."""
-    return safe_io.read_regular(path).decode("utf-8")
-
-
-def _numeric_tree(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is a number / null, or a list / object of such values (nested at most 4 deep)."""
-    if _is_number(value):
-        return True
-    if depth >= 4:
-        return False
-    if isinstance(value, list):
-        return all(_numeric_tree(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(_numeric_tree(v, depth + 1) for v in value.values())
-    return False
-
-
-def _diagnostics_problem(diag: Any) -> str | None:
-    """Why a record's ``diagnostics`` value cannot be read (the first bad key), or None.
-
-    Every value must be a number or ``null`` (``at_round``: an integer), or a list / object
-    of them; ``clients.score`` a list of objects (one per task).
-    """
-    if not isinstance(diag, dict):
-        return "is not a JSON object"
-    for key, value in diag.items():
-        if key == "at_round":
-            if not (value is None or (isinstance(value, int) and not isinstance(value, bool))):
-                return "'at_round' is not an integer"
-        elif key == "clients":
-            if not (isinstance(value, dict) and _numeric_tree(value)):
-                return "'clients' is not an object of numbers"
-            score = value.get("score")
-            if score is not None and not (isinstance(score, list) and all(isinstance(v, dict) for v in score)):
-                return "'clients.score' is not a list of objects"
-        elif key in DIAGNOSTICS_SCALARS:
-            if not _is_number(value):
-                return f"{key!r} is not a number"
-        elif not _numeric_tree(value):
-            return f"{key!r} is not a number or a list of numbers"
-    return None
-
-
-def _clean_diagnostics(record: dict[str, Any], path: Path, number: int) -> None:
-    """Drop a malformed ``diagnostics`` value from ``record`` (one warning; the rest of the line is kept)."""
-    if "diagnostics" not in record or record["diagnostics"] is None:
-        return
-    problem = _diagnostics_problem(record["diagnostics"])
-    if problem is not None:
-        log.warning(f"skipped the diagnostics of {path} line {number}: diagnostics {problem}")
-        del record["diagnostics"]
-
-
-def _reason(exc: BaseException) -> str:
-    """A short description of why a file could not be read."""
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
-    if isinstance(exc, tomllib.TOMLDecodeError):
-        return f"not valid TOML ({exc})"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"not valid JSON ({exc})"
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    if isinstance(exc, OSError):
-        return f"cannot be read ({exc.strerror or exc})"
-    return str(exc)
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every valid record of a JSON-lines file.
-
-    A damaged line (not UTF-8, not valid JSON, not an object with an integer ``round``,
-    or a read field of the wrong type) is skipped with one warning naming the file and the
-    1-based line number; the lines after it are kept. A missing file has no records.
-    """
-    if not path.exists() and not path.is_symlink():
-        return []
-    try:
-        raw = safe_io.read_regular(path)
-    except OSError as exc:
-        log.warning(f"skipped {path}: {_reason(exc)}")
-        return []
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            problem: str | None = "not UTF-8 text"
-        except (ValueError, RecursionError):
-            problem = "not valid JSON"
-        else:
-            problem = _record_problem(record)
-        if problem is not None:
-            log.warning(f"skipped {path} line {number}: {problem}")
-            continue
-        _clean_diagnostics(record, path, number)
-        records.append(record)
-    return records
-
-
-def _parse(path: Path, loads: Callable[[str], Any]) -> tuple[Any, str | None]:
-    """``loads`` of the UTF-8 text of ``path``, or None and why it failed."""
-    try:
-        return loads(_read_text(path)), None
-    except (OSError, ValueError, RecursionError) as exc:  # JSON / TOML / Unicode errors are ValueErrors
-        return None, _reason(exc)
-
-
-def _load_checked(path: Path, loads: Callable[[str], Any], problem_of: Callable[[Any], str | None],
-                  left_out: str = " (run left out)") -> dict[str, Any] | None:
-    """The parsed object of ``path``, or None after one ``warning: skipped PATH: reason`` line.
-
-    ``loads`` parses the UTF-8 text; ``problem_of`` says why the parsed value cannot be used,
-    or None (it refuses anything but a dict); ``left_out`` ends the warning.
-    """
-    value, problem = _parse(path, loads)
-    if problem is None:
-        problem = problem_of(value)
-    if problem is not None:
-        log.warning(f"skipped {path}: {problem}{left_out}")
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _object_problem(value: Any) -> str | None:
-    """Why a parsed JSON file is not an object, or None."""
-    return None if isinstance(value, dict) else "not a JSON object"
-
-
-def _job_problem(job: Any) -> str | None:
-    """Why a parsed ``grid-job.json`` cannot be used, or None."""
-    if not isinstance(job, dict):
-        return "not a JSON object"
-    variant = job.get("variant")
-    if not (variant is None or variant == [] or (isinstance(variant, list) and len(variant) == 2
-                                                  and isinstance(variant[1], (str, int, float)))):
-        return "'variant' is not [key, value] or null"
-    if job.get("ablation") is not None and not isinstance(job["ablation"], str):
-        return "'ablation' is not a string"
-    return None
-
-
 def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None:
     """The run in ``folder``, or None (with a warning naming the file) when a file is damaged."""
-    config = _load_checked(config_path, tomllib.loads, _config_problem)
+    config = load_checked(config_path, tomllib.loads, config_problem)
     if config is None:
         return None
-    summary = _load_checked(summary_path, json.loads, _summary_problem)
+    summary = load_checked(summary_path, json.loads, summary_problem)
     if summary is None:
         return None
     variant, ablation = None, None
     job_path = folder / "grid-job.json"
     if job_path.exists():
-        job = _load_checked(job_path, json.loads, _job_problem)
+        job = load_checked(job_path, json.loads, job_problem)
         if job is None:
             return None
         ablation = job.get("ablation")
