@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import platform
 import subprocess
@@ -14,6 +16,8 @@ import numpy as np
 import torch
 
 import fedhv
+from fedhv.config.schema import RunConfig
+from fedhv.results.runfiles import read_bytes_nofollow
 
 #: Command-line options whose value is a secret (flwr-serverapp's ``--token`` authenticates it to the SuperLink).
 SECRET_OPTIONS = ("--token",)
@@ -132,3 +136,41 @@ def environment(provenance: dict[str, Any] | None = None,
     if clients is not None:
         env["clients"] = clients
     return env
+
+
+def recorded_kernels(path: Path) -> dict[str, Any] | None:
+    """``kernels`` from the run's ``environment.json`` (None when absent or unreadable)."""
+    try:
+        value = json.loads(read_bytes_nofollow(path / "environment.json")).get("kernels")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def recorded_threads(path: Path) -> int | None:
+    """``torch_threads`` from the run's ``environment.json`` (None when absent or unreadable)."""
+    try:
+        value = json.loads(read_bytes_nofollow(path / "environment.json")).get("torch_threads")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def chunk_record(cfg: RunConfig, engine: object) -> dict[str, Any]:
+    """How many model copies the engine trains at once (``environment.json["engine_chunk"]``; a
+    resume's in its ``resumes.jsonl`` record).
+
+    Batched engine, ``engine_chunk = "auto"``: ``{"auto": true, "chunk": c, "copy_bytes",
+    "available_bytes", "fraction", "splits_round": c < train.clients_per_round}``
+    (:mod:`fedhv.sim.memory`); set
+    ``engine_chunk = c`` to rerun bit for bit on a machine with other free memory. Batched,
+    ``engine_chunk = n``: ``{"auto": false, "chunk": n}`` (``0`` = all copies at once). The
+    sequential engine trains one copy at a time: ``{"auto": false, "chunk": 1}``.
+    """
+    choice = getattr(engine, "chunk_choice", None)
+    if choice is not None:
+        return {"auto": True, **dataclasses.asdict(choice),
+                "splits_round": choice.chunk < cfg.train.clients_per_round}
+    if hasattr(engine, "chunk"):
+        return {"auto": False, "chunk": int(engine.chunk)}
+    return {"auto": False, "chunk": 1}

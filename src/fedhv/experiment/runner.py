@@ -39,7 +39,13 @@ from fedhv.experiment.checkpoint import (
     truncate_jsonl,
 )
 from fedhv.experiment.code_check import check_resume_code
-from fedhv.experiment.environment import environment, kernel_fingerprint
+from fedhv.experiment.environment import (
+    chunk_record,
+    environment,
+    kernel_fingerprint,
+    recorded_kernels,
+    recorded_threads,
+)
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, add_diagnostics_reference, build_method
 from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-exported
@@ -72,24 +78,6 @@ def claim_run_dir(cfg: RunConfig, out: str | Path | None = None, overwrite: bool
         return RunDir.create_default(cfg.setting, cfg.method, cfg.seed)
     # a run started from Python (cfg.source) may replace an unfinished run of the same source
     return RunDir.create(out, overwrite=overwrite, replace_unfinished=cfg.source)
-
-
-def _recorded_kernels(path: Path) -> dict[str, Any] | None:
-    """``kernels`` from the run's ``environment.json`` (None when absent or unreadable)."""
-    try:
-        value = json.loads(read_bytes_nofollow(path / "environment.json")).get("kernels")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _recorded_threads(path: Path) -> int | None:
-    """``torch_threads`` from the run's ``environment.json`` (None when absent or unreadable)."""
-    try:
-        value = json.loads(read_bytes_nofollow(path / "environment.json")).get("torch_threads")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def eval_due(round_done: int, cfg: RunConfig) -> bool:
@@ -286,7 +274,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     text = read_bytes_nofollow(config_path).decode("utf-8", errors="replace")
     check_resume_code(path, text, accept_changed_code)  # before the configuration's check imports it
     cfg = config_from_toml_text(text, device)
-    threads = None if cfg.threads else _recorded_threads(path)
+    threads = None if cfg.threads else recorded_threads(path)
     cores = os.cpu_count() or 1
     if threads is not None and threads > cores:  # an edited or foreign environment.json: never oversubscribe
         log.warning("resume: environment.json records %d torch threads but this machine has %d cores; using %d "
@@ -296,7 +284,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
         log.warning("resume: using %d torch threads as recorded in environment.json (not %d): a resume is "
                     "exact only with the run's thread count", threads, torch.get_num_threads())
         torch.set_num_threads(threads)
-    recorded = _recorded_kernels(path)
+    recorded = recorded_kernels(path)
     if recorded is not None and recorded != (now := kernel_fingerprint()):
         log.warning("resume: this machine's float kernels %s differ from the run's %s (environment.json): the "
                     "resumed rounds will not equal an uninterrupted run bit for bit", now, recorded)
@@ -326,26 +314,6 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     resumed = {"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
                "torch_threads": torch.get_num_threads(), "kernels": kernel_fingerprint()}
     return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory, resumed, hooks)
-
-
-def chunk_record(cfg: RunConfig, engine: object) -> dict[str, Any]:
-    """How many model copies the engine trains at once (``environment.json["engine_chunk"]``; a
-    resume's in its ``resumes.jsonl`` record).
-
-    Batched engine, ``engine_chunk = "auto"``: ``{"auto": true, "chunk": c, "copy_bytes",
-    "available_bytes", "fraction", "splits_round": c < train.clients_per_round}``
-    (:mod:`fedhv.sim.memory`); set
-    ``engine_chunk = c`` to rerun bit for bit on a machine with other free memory. Batched,
-    ``engine_chunk = n``: ``{"auto": false, "chunk": n}`` (``0`` = all copies at once). The
-    sequential engine trains one copy at a time: ``{"auto": false, "chunk": 1}``.
-    """
-    choice = getattr(engine, "chunk_choice", None)
-    if choice is not None:
-        return {"auto": True, **dataclasses.asdict(choice),
-                "splits_round": choice.chunk < cfg.train.clients_per_round}
-    if hasattr(engine, "chunk"):
-        return {"auto": False, "chunk": int(engine.chunk)}
-    return {"auto": False, "chunk": 1}
 
 
 def _diagnostics(cfg: RunConfig, data: FederatedData, setup: MethodSetup, path: Path, ckpt: Checkpoint | None,
