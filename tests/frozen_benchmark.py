@@ -4,9 +4,12 @@ a fine-tuning run (``tests/test_frozen_parameters.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
+import bn_benchmark
 import fedhv
 
 
@@ -24,10 +27,5 @@ class FrozenNet(nn.Module):
 
 
 def make_benchmark() -> fedhv.UserBenchmark:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(700, 1, 4, 4, generator=g) * 2 + 1
-    a = (x[:, 0, 0, 0] > 1).long() + (x[:, 0, 1, 1] > 2).long()
-    b = (x[:, 0, 2, 2] > 1).long()
-    return fedhv.UserBenchmark(tasks=[fedhv.Task("a", size=3), fedhv.Task("b", size=2)],
-                               train=(x[:600], [a[:600], b[:600]]), test=(x[600:], [a[600:], b[600:]]),
-                               model=FrozenNet, version="1")
+    """``bn_benchmark``'s data and tasks with :class:`FrozenNet` as the model."""
+    return dataclasses.replace(bn_benchmark.make_benchmark(), model=FrozenNet)

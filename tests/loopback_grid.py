@@ -58,13 +58,14 @@ class LoopbackGrid(Grid):
         return self.pull_messages(list(self.push_messages(messages)))
 
 
-def task_identity() -> Iterator[object]:
-    """Set the run / node identity flwr's ``Message`` needs outside a SuperNode (fixture body)."""
+def task_identity(run_id: int = 1, node_id: int = 1, task_id: int = 1) -> Iterator[object]:
+    """Set the run / node identity flwr's ``Message`` needs outside a SuperNode (fixture body;
+    a SuperNode sets it before it runs a ClientApp handler)."""
     from flwr.supercore.task_identity import TaskIdentity
 
     names = ("_run_id", "_node_id", "_task_id")
     saved = [getattr(TaskIdentity, n) for n in names]
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, node_id, task_id
     yield TaskIdentity
     for name, value in zip(names, saved):
         setattr(TaskIdentity, name, value)

@@ -19,6 +19,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,16 +29,11 @@ from flower_support import needs_flwr
 
 
 @pytest.fixture
-def task_identity() -> object:
-    """The run / node identity a SuperNode sets before it runs a ClientApp handler."""
-    from flwr.supercore.task_identity import TaskIdentity
+def task_identity() -> Iterator[object]:
+    """The run / node identity a SuperNode sets before it runs a ClientApp handler (node 7)."""
+    from loopback_grid import task_identity as identity  # imports flwr: only where the test runs
 
-    names = ("_run_id", "_node_id", "_task_id")
-    saved = [getattr(TaskIdentity, n) for n in names]
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 3
-    yield TaskIdentity
-    for name, value in zip(names, saved):
-        setattr(TaskIdentity, name, value)
+    yield from identity(1, 7, 3)
 
 
 @needs_flwr

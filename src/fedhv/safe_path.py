@@ -19,18 +19,18 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-__all__ = ["SAFE_PATH_ENV", "safe_child_path"]
+__all__ = ["SAFE_PATH_ENV", "safe_child_path", "scoped_environ"]
 
 #: What keeps the working directory (and a script's folder) off a child interpreter's ``sys.path``.
 SAFE_PATH_ENV: dict[str, str] = {"PYTHONSAFEPATH": "1"}
 
 
 @contextlib.contextmanager
-def safe_child_path() -> Iterator[None]:
-    """Set :data:`SAFE_PATH_ENV` in ``os.environ`` for the block (children started in it inherit
-    it), then restore the previous values."""
-    saved = {k: os.environ.get(k) for k in SAFE_PATH_ENV}
-    os.environ.update(SAFE_PATH_ENV)
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block (children started in it inherit them), then
+    restore the previous values (a variable that was unset is removed again)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -39,3 +39,8 @@ def safe_child_path() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def safe_child_path() -> contextlib.AbstractContextManager[None]:
+    """Set :data:`SAFE_PATH_ENV` in ``os.environ`` for the block (:func:`scoped_environ`)."""
+    return scoped_environ(SAFE_PATH_ENV)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fedhv import safe_io
 from fedhv.algorithms.uniform import Uniform
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
@@ -52,19 +52,8 @@ def calibration_digest(data: dict[str, Any]) -> str:
     floats round-trip exactly, so the digest of a file's parsed content equals the
     digest of the result that was written.
     """
-    body = _finite({k: v for k, v in data.items() if k != "digest"})
+    body = safe_io.finite_json({k: v for k, v in data.items() if k != "digest"})
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _finite(value: Any) -> Any:
-    """Non-finite floats as ``None`` and tuples as lists, as the run directory's strict JSON stores them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 @dataclass

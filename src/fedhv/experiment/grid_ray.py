@@ -62,6 +62,7 @@ from fedhv.experiment.grid import (
 from fedhv.experiment.grid_lock import driver_lock
 from fedhv.experiment.grid_ship import PROBE, Collector, summary_of, task_calibration, task_job, write_probe
 from fedhv.results.runfiles import read_bytes_nofollow, write_json
+from fedhv.safe_path import scoped_environ
 
 log = logging.getLogger("fedhv")
 
@@ -128,23 +129,15 @@ def loopback_only() -> Iterator[None]:
         from ray._private import ray_constants
     except ImportError:  # pragma: no cover - another Ray layout
         ray_constants = None
-    saved_env, saved = os.environ.get(LOOPBACK_ENV), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    saved_grace = os.environ.get(WORKER_GRACE_ENV)
-    os.environ[LOOPBACK_ENV] = "0"
-    os.environ.setdefault(WORKER_GRACE_ENV, "3000")
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     if saved is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        yield
+        with scoped_environ({LOOPBACK_ENV: "0", WORKER_GRACE_ENV: os.environ.get(WORKER_GRACE_ENV, "3000")}):
+            yield
     finally:
         if saved is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved
-        if saved_grace is None:
-            os.environ.pop(WORKER_GRACE_ENV, None)
-        if saved_env is None:
-            os.environ.pop(LOOPBACK_ENV, None)
-        else:
-            os.environ[LOOPBACK_ENV] = saved_env
 
 
 def _loopback_host(address: str) -> bool:
