@@ -56,7 +56,7 @@ def test_available_memory_sources(tmp_path: Path) -> None:
 
 
 def test_copy_step_bytes_by_hand_for_lenet() -> None:
-    """b = s (4 d + 2 B x) + 2 a_B; a_B affine in B (measured at B = 1, 2)."""
+    """b = s (4 d + 2 B x) + 2 a_B; a_B affine in B (measured at B = 2, 3)."""
     model = LeNetMTL()
     d = sum(p.numel() for p in model.parameters())
     assert d == 28_515 + 2 * 3_060
@@ -109,3 +109,34 @@ def test_bad_engine_chunk_is_one_line_error(value: str) -> None:
     assert "\n" not in str(info.value)
     assert load_config("multimnist", ["engine_chunk=0"]).engine_chunk == 0
     assert load_config("multimnist", ["engine_chunk='auto'"]).engine_chunk == "auto"
+
+
+def test_auto_chunk_estimates_a_batchnorm_model(caplog: pytest.LogCaptureFixture) -> None:
+    """A model with ``nn.BatchNorm1d`` (no training forward on one row) is measured at batches of 2
+    and 3, so ``engine_chunk = "auto"`` estimates it instead of falling back to all copies at once."""
+    import logging
+
+    from torch import nn
+
+    import fedhv
+
+    class BNNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU())
+            self.heads = nn.ModuleList([nn.Linear(6, 2), nn.Linear(6, 1)])
+
+        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+            h = self.encoder(x)
+            return [head(h) for head in self.heads]
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 4, generator=g)
+    data = fedhv.FederatedDataset.from_tensors(
+        x, [(x[:, 0] > 0).long(), x[:, 1:2]], [fedhv.Task("a"), fedhv.Task("b", "regression", 1)],
+        partition=[list(range(k, k + 3)) for k in range(0, 24, 3)])
+    with caplog.at_level(logging.WARNING, logger="fedhv"):
+        hist = fedhv.simulate(BNNet(), data, fedhv.Uniform(), rounds=1, clients_per_round=8, local_steps=1,
+                              batch_size=3, progress=False)
+    assert not [r for r in caplog.records if "cannot estimate" in r.getMessage()], caplog.text
+    assert hist.rounds and all(torch.isfinite(p).all() for p in hist.model.parameters())

@@ -180,7 +180,8 @@ def saved_activation_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], 
     samples on the model's device, summing the bytes of every distinct storage passed
     to the saved-tensor hook (a tensor saved by several ops counts once). Saved memory is
     affine in the batch size, ``a_B = a_0 + B s`` (``a_0``: the saved weights), so
-    ``s = a_2 - a_1`` and ``a_B = a_1 + (B - 1) s``. (A dry forward on the ``meta``
+    ``s = a_3 - a_2`` and ``a_B = a_2 + (B - 2) s`` (batches of 2 and 3: a model with
+    BatchNorm cannot run a training forward on one sample). (A dry forward on the ``meta``
     device gives the same numbers but costs about a second the first time a process
     uses the meta kernels; the two small forwards cost 0.1-1 s and are measured once per
     process for each model structure, input shape, dtype and device, and with and without
@@ -190,13 +191,13 @@ def saved_activation_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], 
            tuple(sorted(model.dropout_sites().items())), tuple(input_shape), dtype, str(next(model.parameters()).device),
            native.enabled(), input_dtype)  # the compiled kernels save less than PyTorch's layers
     if key not in _SAVED:
-        _SAVED[key] = (_saved_bytes(model, input_shape, 1, dtype, input_dtype),
-                       _saved_bytes(model, input_shape, 2, dtype, input_dtype))
-    one, two = _SAVED[key]
-    return one + (batch_size - 1) * max(two - one, 0)
+        _SAVED[key] = (_saved_bytes(model, input_shape, 2, dtype, input_dtype),
+                       _saved_bytes(model, input_shape, 3, dtype, input_dtype))
+    two, three = _SAVED[key]
+    return max(two + (batch_size - 2) * max(three - two, 0), 0)
 
 
-#: Measured ``(a_1, a_2)`` per model structure, input shape, dtype, device and kernel switch (a process measures once).
+#: Measured ``(a_2, a_3)`` per model structure, input shape, dtype, device and kernel switch (a process measures once).
 _SAVED: dict[tuple[object, ...], tuple[int, int]] = {}
 
 
