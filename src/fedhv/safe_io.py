@@ -12,12 +12,14 @@ through these functions (docs/security.md, "Files"):
   :func:`read_regular` reads at most ``max_bytes`` and refuses a larger file by name, so
   no file (a link to ``/dev/zero``, a sparse 1 TB file) can exhaust memory;
   :func:`gunzip_regular` bounds the *decompressed* size the same way.
-- :func:`write_atomic_with` / :func:`write_atomic_bytes`: the content goes to a temporary
-  file created exclusively (``O_EXCL``) under an unpredictable name in the destination's
-  folder (:func:`tempfile.mkstemp`), is fsync'ed and renamed over the destination, so a
-  planted link or file in the output folder is never written through. A destination that
-  is a symbolic link, a FIFO or a device is refused unless ``replace_link`` says to replace
-  the link itself.
+- :func:`write_atomic` (fedhv's one atomic write; :func:`write_atomic_with` and
+  :func:`write_atomic_bytes` are its older names): the content goes to a temporary file
+  created exclusively (``O_EXCL``) under an unpredictable name in the destination's folder
+  (:func:`tempfile.mkstemp`), gets its mode, is fsync'ed and renamed over the destination
+  (and the folder fsync'ed with ``fsync_dir``), so a planted link or file in the output
+  folder is never written through. A destination that is a symbolic link, a FIFO or a
+  device is refused unless ``replace_link`` says to replace the link itself.
+  :func:`write_json` (fedhv's one JSON writer) writes strict JSON through it.
 - :func:`unshare` replaces a file with more than one hard link by a private copy (same
   content, same mode) before fedhv appends to or truncates it, so writing a run never
   writes into another name of the same inode (a backup made with ``cp -al``, or a link a
@@ -269,31 +271,55 @@ def check_destination(path: Path, replace_link: bool = False) -> None:
                           "remove it or choose another output", path)
 
 
-def write_atomic_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], None], *, mode: int | None = None,
-                      replace_link: bool = False, fsync_dir: bool = False) -> None:
-    """Call ``write`` on a new temporary file next to ``path``, fsync it and rename it to ``path``.
+#: What :func:`write_atomic` writes: bytes, text (UTF-8), or a function writing to the open file.
+Content = bytes | str | Callable[[BinaryIO], object]
 
-    The temporary file is made with ``O_EXCL`` under an unpredictable name
-    (:func:`tempfile.mkstemp`) in ``path``'s folder, so nothing planted there is written
-    through; a kill leaves the old file or the complete new one. ``mode`` defaults to
-    ``0o666 & ~umask`` (``mkstemp`` alone gives ``0o600``); pass ``0o600`` for a secret,
-    which is then never readable by others, not even for a moment.
+
+def write_atomic(path: str | os.PathLike[str], content: Content, *, mode: int | None = None,
+                 replace_link: bool = False, fsync_dir: bool = False) -> None:
+    """Write ``content`` to a new temporary file next to ``path``, fsync it and rename it to ``path``.
+
+    fedhv's one atomic write. The temporary file is made with ``O_EXCL`` under an
+    unpredictable name (:func:`tempfile.mkstemp`) in ``path``'s folder, so nothing planted
+    there is written through; a kill leaves the old file or the complete new one.
+
+    Parameters
+    ----------
+    path : path-like
+        The destination; its folder must exist.
+    content : bytes, str or callable
+        The bytes, a text (written as UTF-8), or a function called with the open binary
+        file that writes the content itself (e.g. ``np.savez``).
+    mode : int, optional
+        The new file's mode; default ``0o666 & ~umask`` (``mkstemp`` alone gives ``0o600``).
+        Pass ``0o600`` for a secret, which is then never readable by others, not even for
+        a moment.
+    replace_link : bool
+        Replace a symbolic link at ``path`` by the file (never write through it) instead
+        of refusing it.
+    fsync_dir : bool
+        Also fsync the folder after the rename, so the rename itself survives a power cut.
 
     Raises
     ------
     UnsafeFileError
-        ``path`` is a symbolic link (unless ``replace_link``: the link itself is replaced),
-        a FIFO, a device or a directory.
+        ``path`` is a symbolic link (unless ``replace_link``), a FIFO, a device or a
+        directory.
     OSError
         The folder cannot be written (the temporary file is removed).
     """
     path = Path(path)
     check_destination(path, replace_link)
+    if isinstance(content, str):
+        content = content.encode("utf-8")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), new_file_mode() if mode is None else mode)
-            write(fh)
+            if callable(content):
+                content(fh)
+            else:
+                fh.write(content)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -304,9 +330,50 @@ def write_atomic_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], 
             os.unlink(tmp)
 
 
+def write_atomic_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, mode: int | None = None,
+                      replace_link: bool = False, fsync_dir: bool = False) -> None:
+    """:func:`write_atomic` with a function writing the content (its older name)."""
+    write_atomic(path, write, mode=mode, replace_link=replace_link, fsync_dir=fsync_dir)
+
+
 def write_atomic_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
-    """Write ``data`` to ``path`` through :func:`write_atomic_with`."""
-    write_atomic_with(path, lambda fh: fh.write(data), mode=mode)
+    """:func:`write_atomic` of ``data`` (its older name)."""
+    write_atomic(path, data, mode=mode)
+
+
+def json_text(data: Any, **kwargs: Any) -> str:
+    """The text :func:`write_json` writes: :func:`dumps_strict` with ``indent=2`` and a final newline.
+
+    ``kwargs`` go to ``json.dumps`` (e.g. ``default=str``).
+    """
+    return dumps_strict(data, indent=2, **kwargs) + "\n"
+
+
+def write_json(path: str | os.PathLike[str], data: Any, *, default: Callable[[Any], Any] | None = None,
+               mode: int | None = None, replace_link: bool = False, fsync_dir: bool = False) -> None:
+    """Write ``data`` to ``path`` as strict, pretty-printed JSON through :func:`write_atomic`.
+
+    fedhv's one JSON writer: a non-finite float (NaN, ±inf), at any depth, is written
+    ``null`` (:func:`dumps_strict`), keys keep their order, two spaces of indent, one final
+    newline.
+
+    Parameters
+    ----------
+    path : path-like
+        The destination.
+    data : Any
+        A JSON-able value.
+    default : callable, optional
+        ``json.dumps``'s ``default`` (how to write a value JSON has no form for).
+    mode, replace_link, fsync_dir
+        As :func:`write_atomic`.
+
+    Raises
+    ------
+    UnsafeFileError, OSError
+        As :func:`write_atomic`.
+    """
+    write_atomic(path, json_text(data, default=default), mode=mode, replace_link=replace_link, fsync_dir=fsync_dir)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -41,9 +41,11 @@ def cache_key(**params: object) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write ``path`` atomically and durably through ``write(fh)``
-    (:func:`fedhv.safe_io.write_atomic_with`; a link at ``path`` is replaced, never followed).
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write the cache file ``path`` atomically and durably through ``write(fh)``.
+
+    :func:`fedhv.safe_io.write_atomic` with the cache's options: the folder is created, a
+    link at ``path`` is replaced (never followed) and the folder is fsync'ed after the rename.
 
     Raises
     ------
@@ -52,7 +54,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         ``path`` is a FIFO, a device or a directory.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    safe_io.write_atomic_with(path, write, replace_link=True, fsync_dir=True)
+    safe_io.write_atomic(path, write, replace_link=True, fsync_dir=True)
 
 
 def _is_link(path: Path) -> bool:
@@ -173,14 +175,11 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def write_json(path: Path, value: dict[str, Any]) -> bool:
-    """Write a JSON object atomically; ``False`` (no exception) when the folder is not writable."""
-    blob = safe_io.dumps_strict(value, indent=1, sort_keys=True).encode()
-
-    def write(fh: IO[bytes]) -> None:
-        fh.write(blob)
-
+    """Write a JSON object with :func:`fedhv.safe_io.write_json` (as :func:`atomic_write`);
+    ``False`` (no exception) when the folder is not writable."""
     try:
-        atomic_write(path, write)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        safe_io.write_json(path, value, replace_link=True, fsync_dir=True)
     except OSError:
         return False
     return True

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 import zlib
@@ -145,17 +144,14 @@ def checksum_error(path: Path, f: SourceFile, found: str) -> DataError:
 
 
 def _download(url: str, target: Path) -> None:
+    """Fetch ``url`` into ``target`` atomically (:func:`fedhv.safe_io.write_atomic`; a link there is replaced)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".download-")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=30) as resp:
+
+    def fetch(out: BinaryIO) -> None:
+        with urllib.request.urlopen(url, timeout=30) as resp:
             shutil.copyfileobj(resp, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    safe_io.write_atomic(target, fetch, replace_link=True)
 
 
 def ensure_files(root: Path, ds: SourceDataset, download: bool) -> dict[str, Path]:

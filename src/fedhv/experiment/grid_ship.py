@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fedhv import safe_io
 from fedhv.errors import FedHVError
 from fedhv.results.runfiles import open_nofollow
 
@@ -100,8 +101,8 @@ def _members(blob: bytes) -> list[tuple[str, bytes]]:
 
 def write_members(blob: bytes | list[tuple[str, bytes]], dest: Path) -> None:
     """Write the files of ``blob`` (a :func:`pack_dir` tar, or its :func:`_members`) into ``dest``,
-    each atomically (temp file + rename), never through a link, in the order that keeps ``dest``
-    resumable at every instant."""
+    each atomically (:func:`fedhv.safe_io.write_atomic`, mode ``0o644``), never through a link, in
+    the order that keeps ``dest`` resumable at every instant."""
     members = _members(blob) if isinstance(blob, bytes) else blob
     dest.mkdir(parents=True, exist_ok=True)
     if dest.is_symlink() or not dest.is_dir():
@@ -110,17 +111,7 @@ def write_members(blob: bytes | list[tuple[str, bytes]], dest: Path) -> None:
         target = dest / name
         if target.is_symlink():
             raise ShipError(f"{target} is a symbolic link; fedhv never writes through links: remove it")
-        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        safe_io.write_atomic(target, data, mode=0o644)
 
 
 # --------------------------------------------------------------------------- the collector (driver's node)

@@ -9,9 +9,8 @@ import errno
 import io
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from fedhv import safe_io
 from fedhv.errors import FedHVError
@@ -66,38 +65,33 @@ dumps_strict = safe_io.dumps_strict
 # --------------------------------------------------------------------------- writers
 
 
-def write_atomic_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write`` on a temporary file next to ``path``, fsync it and rename it to ``path``.
+def write_atomic(path: Path, content: safe_io.Content) -> None:
+    """Write a run file atomically: :func:`fedhv.safe_io.write_atomic` with one-line errors.
 
-    :func:`fedhv.safe_io.write_atomic_with` (an exclusive temporary file under an
-    unpredictable name; a destination that is a link, a FIFO or a device is refused). A kill
-    at any moment leaves either the old file or the complete new one. The new file gets the
-    mode of any other new file (``0o666 & ~umask``). An ``OSError`` (disk full, read-only
-    file system, ...) becomes a one-line :class:`RunDirError` naming ``path``; the old file
-    is kept.
+    ``content`` is bytes, a text (UTF-8) or a function writing to the open file. An
+    exclusive temporary file under an unpredictable name is fsync'ed and renamed over
+    ``path`` (a destination that is a link, a FIFO or a device is refused), so a kill at any
+    moment leaves either the old file or the complete new one. The new file gets the mode
+    of any other new file (``0o666 & ~umask``). An ``OSError`` (disk full, read-only file
+    system, ...) becomes a one-line :class:`RunDirError` naming ``path``; the old file is
+    kept.
     """
     path = Path(path)
     try:
-        safe_io.write_atomic_with(path, write)
+        safe_io.write_atomic(path, content)
     except FedHVError:
         raise
     except OSError as exc:
         raise io_error(path, exc) from None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    data = text.encode("utf-8")
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(data)
-
-    write_atomic_with(path, write)
+#: The older name of :func:`write_atomic` (given a function writing the content).
+write_atomic_with = write_atomic
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomically write pretty-printed strict JSON (non-finite floats as ``null``)."""
-    write_atomic(path, dumps_strict(data, indent=2, sort_keys=False) + "\n")
+    """Atomically write a run file of strict JSON (:func:`fedhv.safe_io.json_text`; one-line errors)."""
+    write_atomic(path, safe_io.json_text(data))
 
 
 class JsonlWriter:
