@@ -326,7 +326,7 @@ class SecureFlowerFederation(FlowerFederation):
                 "dropped": list(self.dropped), "rejected": [list(r) for r in self.rejected],
                 "unmask_lost": [list(r) for r in self.unmask_lost],
                 "node_map": {str(c): n for c, n in self.nodes.nodes.items()}}
-        safe_io.write_atomic_bytes(name.with_suffix(".json"), safe_io.dumps_strict(info, default=str).encode())
+        safe_io.write_json(name.with_suffix(".json"), info, default=str)
         arrays = {"theta": theta.detach().cpu().numpy(), **masked}
         if means is not None:
             arrays["deltas"] = means[0]
