@@ -24,7 +24,6 @@ A node trusts its operator, not the server (:class:`NodeTrust`, from the SuperNo
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections import OrderedDict
@@ -43,6 +42,7 @@ from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.data.node_file import NodeDataError, load_node_file
 from fedhv.errors import FedHVError
+from fedhv.experiment.checkpoint import config_digest
 from fedhv.experiment.setup import federated_data, local_training, new_model
 from fedhv.sim.engine import SequentialEngine
 from fedhv.sim.faults import FaultInjector, no_faults
@@ -52,9 +52,9 @@ class NodeError(FedHVError):
     """A node cannot serve a request (wrong partition, unknown configuration, bad request)."""
 
 
-def config_sha(text: str) -> str:
-    """SHA-256 of a run's resolved ``config.toml`` text (names the run on the nodes)."""
-    return hashlib.sha256(text.encode()).hexdigest()
+#: The older name of :func:`fedhv.experiment.checkpoint.config_digest`, fedhv's one config digest (the
+#: SHA-256 of a run's resolved ``config.toml`` text: it names the run on the nodes and in its checkpoint).
+config_sha = config_digest
 
 
 #: The node's environment variable allowing ``module:attr`` benchmarks (comma-separated), as ``allow-benchmarks``.
@@ -265,7 +265,7 @@ class NodeWorker:
                 f"num-partitions={n}"
             )
         self.cfg: RunConfig = cfg
-        self.sha = config_sha(config_text)
+        self.sha = config_digest(config_text)
         self.client = partition  # the node's thread count is its operator's (OMP_NUM_THREADS), not cfg.threads
         if data_path:
             self.data = load_node_file(data_path, cfg, partition, n)
@@ -380,7 +380,7 @@ def worker_for(config_text: str, partition: int, num_partitions: int, data_path:
     """The (cached) worker of this process for a run: a long-lived ClientApp process loads
     the data once per run, not once per message. ``trust``: what the node's operator allows."""
     trust = trust or NodeTrust()
-    key = (config_sha(config_text), partition, num_partitions, data_path or "", trust)
+    key = (config_digest(config_text), partition, num_partitions, data_path or "", trust)
     if key not in _WORKERS:
         for old in [k for k in _WORKERS if k[0] != key[0]]:  # one run at a time: drop the previous run's workers
             del _WORKERS[old]

@@ -33,9 +33,9 @@ from fedhv.config import dumps, to_dict
 from fedhv.config.flower import refuse_on_flower
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
+from fedhv.experiment.checkpoint import config_digest
 from fedhv.experiment.loop import FederationFactory
 from fedhv.flower.federation import FlowerFederation, handshake
-from fedhv.flower.node import config_sha
 from fedhv.sim.faults import FaultInjector
 
 app = ServerApp()
@@ -51,7 +51,7 @@ def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: fl
 
     refuse_on_flower(cfg)
     nodes = handshake(grid, config_text, cfg.partition.clients, node_wait)
-    sha, v = config_sha(config_text), cfg.validation
+    sha, v = config_digest(config_text), cfg.validation
     ub = user_benchmark(cfg.data.benchmark)  # a user benchmark ("module:attr", importable on every host)
     num_tasks = len(as_tasks(ub.tasks)) if ub is not None else len(BUILDERS[cfg.data.benchmark].task_names)
     # which tasks' reports must be >= 0: a user's Task(nonnegative=...), every built-in benchmark's (CE / BCE)
