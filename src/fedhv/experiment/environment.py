@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import fedhv
+from fedhv import procfs
 from fedhv.config.schema import RunConfig
 from fedhv.results.runfiles import read_bytes_nofollow
 
@@ -63,12 +64,9 @@ KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONE
 
 def cpu_model() -> str | None:
     """The CPU model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere), or ``None``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    line = procfs.cpuinfo_line("model name")
+    if line is not None:
+        return line.split(":", 1)[1].strip()
     return platform.processor() or None
 
 

@@ -219,7 +219,7 @@ def _run_locked(ray: Any, jobs: list[Job], calibrations: list[CalibrationJob], o
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     joined = ray.is_initialized()
     local = _connect(ray, opts)
-    from fedhv.flower.lifetime import start_ticks
+    from fedhv.procfs import start_ticks
 
     driver = (os.getpid(), start_ticks(os.getpid())) if local else None
     pending: dict[Any, tuple[str, Any]] = {}

@@ -298,7 +298,7 @@ def watch_driver(driver: tuple[int, int | None] | None) -> None:
     import _thread
     import threading
 
-    from fedhv.flower.lifetime import alive
+    from fedhv.procfs import alive
 
     def watch() -> None:
         while alive(*driver):

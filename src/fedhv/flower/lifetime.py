@@ -43,67 +43,19 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedhv import procfs
+from fedhv.procfs import alive, descendants, start_ticks  # re-exported: this module's names before procfs
+
+__all__ = ["MARK", "alive", "descendants", "mark_of", "marked", "signal_all", "start_ticks", "sweep", "watch_parent"]
+
 MARK = "FEDHV_DEPLOYMENT"
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (``state`` first), or ``None``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    return stat[stat.rindex(")") + 2:].split()
-
-
-def start_ticks(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (``None``: no such process)."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields is not None else None
-
-
-def alive(pid: int, ticks: int | None = None) -> bool:
-    """Whether ``pid`` runs (a zombie does not), and, with ``ticks``, is the process that started then.
-
-    Without ``/proc`` it falls back to ``kill(pid, 0)``.
-    """
-    if not os.path.isdir("/proc"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X", "x"):
-        return False
-    return ticks is None or int(fields[19]) == ticks
-
-
-def descendants(root: int) -> set[int]:
-    """The live descendants of ``root`` (``/proc`` parent links; zombies left out)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        fields = _stat_fields(int(entry)) if entry.isdigit() else None
-        if fields is not None and fields[0] not in ("Z", "X", "x"):
-            parents[int(entry)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {root}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def mark_of(pids: Iterable[int]) -> str | None:
     """The ``FEDHV_DEPLOYMENT`` mark of the first of ``pids`` that carries one."""
     prefix = f"{MARK}=".encode()
     for pid in pids:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
+        for item in procfs.environ(pid) or ():
             if item.startswith(prefix):
                 return item[len(prefix):].decode()
     return None
@@ -114,16 +66,12 @@ def marked(token: str, exclude: Iterable[int] = ()) -> list[int]:
     needle = f"{MARK}={token}".encode()
     skip = {os.getpid(), *exclude}
     found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit() or int(entry) in skip:
+    for pid in procfs.pids():
+        if pid in skip:
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read()
-        except OSError:  # gone, or another user's
-            continue
-        if needle in env.split(b"\0") and alive(int(entry)):
-            found.append(int(entry))
+        env = procfs.environ(pid)  # None: gone, or another user's
+        if env is not None and needle in env and alive(pid):
+            found.append(pid)
     return found
 
 

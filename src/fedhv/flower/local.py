@@ -56,8 +56,9 @@ from fedhv.data.node_file import node_data_file
 from fedhv.flower.control import start_run
 from fedhv.flower.follow import Stopped, follow_run, sigterm_raises
 from fedhv.flower.lifetime import MARK, marked, signal_all, sweep
-from fedhv.flower.procs import FlowerRunError, console_script, free_ports, session_children, wait_port
+from fedhv.flower.procs import FlowerRunError, console_script, free_ports, wait_port
 from fedhv.flower.runconf import app_pyproject, default_out, local_config, resume_config
+from fedhv.procfs import cmdline, session_children
 from fedhv.safe_path import SAFE_PATH_ENV
 
 __all__ = ["Deployment", "FlowerRunError", "Stopped", "app_pyproject", "default_out", "local_config",
@@ -231,7 +232,7 @@ class Deployment:
             old.kill()
             old.wait()
         leftovers = [pid for pid in marked(self.token) if any(
-            part in _cmdline(pid) for part in (b"flower-superexec", b"flwr-serverapp"))]
+            part in cmdline(pid) for part in (b"flower-superexec", b"flwr-serverapp"))]
         signal_all(leftovers, signal.SIGKILL)
         self.procs = [(name, p) for name, p in self.procs if p is not old]
         self.lost.discard("superlink")
@@ -319,13 +320,6 @@ class Deployment:
                 self.watchdog.wait()
         for log in self.logs:
             log.close()
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 @contextlib.contextmanager

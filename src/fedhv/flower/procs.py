@@ -4,14 +4,17 @@ the interpreter's own console scripts, and a process's session-leading children 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fedhv import procfs
 from fedhv.errors import FedHVError
+from fedhv.procfs import session_children  # re-exported: this module's name before procfs
+
+__all__ = ["FlowerRunError", "console_script", "free_ports", "listens_on", "session_children", "wait_port"]
 
 
 class FlowerRunError(FedHVError):
@@ -32,62 +35,16 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def session_children(parent: int) -> list[int]:
-    """PIDs of ``parent``'s live child processes that lead their own session (Linux ``/proc``; else none)."""
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == parent and int(fields[3]) == int(entry) and fields[0] != "Z":
-            found.append(int(entry))
-    return found
-
-
-def _listening_inodes(port: int) -> set[str] | None:
-    """Socket inodes listening on TCP ``port`` (``/proc/net/tcp``, ``tcp6``); ``None`` without ``/proc``."""
-    found: set[str] = set()
-    seen_any = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        seen_any = True
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                found.add(cols[9])
-    return found if seen_any else None
-
-
-def _tree(root: int) -> set[int]:
-    """``root`` and its live descendants."""
-    from fedhv.flower.lifetime import descendants
-
-    return {root} | descendants(root)
-
-
 def listens_on(pid: int, port: int) -> bool | None:
     """Whether process ``pid`` (or a descendant) holds the socket listening on ``port``; ``None``
     when that cannot be told (no ``/proc``, or no listener found)."""
-    inodes = _listening_inodes(port)
+    inodes = procfs.listening_inodes(port)
     if not inodes:
         return None
     wanted = {f"socket:[{inode}]" for inode in inodes}
-    for member in _tree(pid):
-        try:
-            fds = os.listdir(f"/proc/{member}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{member}/fd/{fd}") in wanted:
-                    return True
+    for member in {pid} | procfs.descendants(pid):
+        if any(target in wanted for target in procfs.fd_targets(member) or ()):
+            return True
     return False
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch.func import functional_call, vmap
 
+from fedhv import procfs
 from fedhv.models import native
 from fedhv.models.base import MultiTaskModel
 
@@ -126,10 +127,8 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        host = _meminfo_available(Path("/proc/meminfo").read_text())
-    except OSError:
-        host = None
+    meminfo = procfs.read_text("meminfo")
+    host = None if meminfo is None else _meminfo_available(meminfo)
     if host is None:
         host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     cgroup = _cgroup_headroom()

@@ -21,6 +21,8 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
+from fedhv import procfs
+
 #: The library's sources: headers first, then the compiled translation units.
 SOURCES = ("common.h", "conv1.cpp", "pool.cpp")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp")
@@ -49,12 +51,9 @@ def compiler() -> list[str] | None:
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
+    line = procfs.cpuinfo_line("flags", "Features")
+    if line is not None:
+        return line
     import platform
     return platform.processor() + platform.machine()
 
