@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fedhv import procfs
 from fedhv.errors import FedHVError
 
 MiB = 1 << 20
@@ -237,12 +238,15 @@ def dumps_strict(data: Any, **kwargs: Any) -> str:
 
 
 def _umask() -> int:
+    """The process's umask: ``/proc/self/status`` (read without changing it), else set and restored."""
+    value = procfs.self_status("Umask")
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+        return int(value, 8) if value is not None else _set_and_restore_umask()
+    except ValueError:
+        return _set_and_restore_umask()
+
+
+def _set_and_restore_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
