@@ -17,7 +17,7 @@ values to ``[-c, c]`` before quantizing it with step ``delta = 2c / 2**22``:
   calibration.
 
 The simulator's engines compute exactly these tensors (the Flower nodes run the same engine
-code, ``tests/test_flower.py``), so no Flower deployment is needed: the script runs the
+code, ``tests/e2e/flower/test_flower.py``), so no Flower deployment is needed: the script runs the
 configured method through :func:`fedhv.experiment.loop.run_rounds` with a
 :class:`RecordingFederation` (a :class:`~fedhv.sim.federation.SimFederation` that notes, for
 every stage, what its clients return) and reports per round
@@ -31,7 +31,7 @@ tells how coarse the quantization is for a typical coordinate. FedHV with
 ``"calibration"``: Uniform with reports) when the calibration uses the training partition;
 otherwise set ``fedhv.reference`` (e.g. ``paper``). ``--synthetic-celeba DIR`` writes a
 synthetic CelebA folder (random 178x218 JPEGs and attributes in the real layout,
-``tests/celeba_fixture.py``) under ``DIR`` unless there is one, and points ``data.root`` at it.
+``tests/support/celeba_fixture.py``) under ``DIR`` unless there is one, and points ``data.root`` at it.
 ``--out`` is rewritten after every round (the method in progress marked ``"partial": true``), so a
 measurement stopped early keeps its rounds.
 """
@@ -268,9 +268,9 @@ def _fmt(x: float | None) -> str:
 
 
 def synthetic_celeba(root: Path, images: int) -> Path:
-    """``root`` with a synthetic ``celeba/`` folder (built by ``tests/celeba_fixture.py`` if absent)."""
+    """``root`` with a synthetic ``celeba/`` folder (built by ``tests/support/celeba_fixture.py`` if absent)."""
     if not (root / "celeba" / "img_align_celeba").is_dir():
-        spec = importlib.util.spec_from_file_location("celeba_fixture", REPO / "tests" / "celeba_fixture.py")
+        spec = importlib.util.spec_from_file_location("celeba_fixture", REPO / "tests" / "support" / "celeba_fixture.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: What the tests share besides fixtures (``helpers``, ``flower_support``, the user benchmarks the
+#: tests' runs import by name, e.g. ``bn_benchmark:make_benchmark``): importable as top-level
+#: modules here and, through ``PYTHONPATH`` (:func:`_environment`), in every process the tests start.
+SUPPORT = Path(__file__).resolve().parent / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
 
 
 def _data_root() -> Path:
@@ -58,8 +65,7 @@ def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     decoded once per session, not once per worker (``fedhv.data.cache`` locks each build)."""
     os.environ["FEDHV_DATA"] = str(DATA_ROOT)
     # user benchmarks of the tests (bn_benchmark:make_benchmark) import in every process, Flower nodes included
-    tests = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SUPPORT), os.environ.get("PYTHONPATH", "")) if p)
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         _one_thread_per_worker()
     _keep_freed_memory()
@@ -77,7 +83,7 @@ def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
 HEAVY_FIRST = ["test_flower.py", "test_flower_faults.py", "test_flower_secagg.py", "test_flower_process_lifetime.py",
                "test_flower_lockdown.py", "test_flower_app.py", "test_flower_process_deaths.py",
                "test_flower_app_deploy.py", "test_flower_cli.py", "test_flower_backend_checks.py", "test_engines.py",
-               "test_cifar.py", "test_celeba.py", "test_node_data.py", "test_grid_safety.py", "test_resume.py",
+               "test_cifar.py", "test_celeba.py", "test_node_data.py", "test_grid_processes.py", "test_resume.py",
                "test_grid_ray.py", "test_flower_gate.py", "test_code_trust.py", "test_node_trust.py",
                "test_grid_shipments.py"]
 
@@ -130,10 +136,10 @@ SMALL = [
 @pytest.fixture(scope="session")
 def flower_deployment(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """One SuperLink and ``NODES`` SuperNodes shared by the Flower test modules (starting one costs
-    seconds of process start-up); no process survives it. ``tests/test_flower_faults.py``'s kill test
+    seconds of process start-up); no process survives it. ``tests/e2e/flower/test_flower_faults.py``'s kill test
     kills a SuperNode and therefore runs last (file order, then its position in the module). Its nodes'
     operator allows the tests' user benchmarks (``bn_benchmark:make_benchmark``, ``frozen_benchmark:make_benchmark``,
-    tests/test_flower.py)."""
+    tests/e2e/flower/test_flower.py)."""
     from flower_support import NODES, checked_deployment
 
     with checked_deployment(request, NODES, min_procs=1 + 2 * NODES,
