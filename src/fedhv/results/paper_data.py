@@ -1,19 +1,18 @@
-"""The paper's published table values (``paper_tables.json``, transcribed from the paper text).
+"""The paper's published table values compared with runs.
 
-Source: Dehghanpour, Azimi-Abarghouyi & Brinton, "FedHV: Low-Overhead Hypervolume
-Weighting for Federated Multi-Objective Optimization", Tables 1, 6-13. The file's
-``notes`` list the transcription caveats (e.g. Table 13's "per client" megabytes are
-one round summed over the ten sampled clients).
+The values live in :mod:`fedhv.paper` (``fedhv/paper_tables.json``, transcribed from the
+paper's text; :func:`paper_tables` and :func:`paper_value` are re-exported from there);
+this module reads them as :class:`~fedhv.results.collect.Stat` and names how a grid's
+setting differs from the paper's.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
-from functools import cache, lru_cache
-from importlib import resources
+from functools import cache
 from typing import Any
 
+from fedhv.paper import paper_tables, paper_value  # noqa: F401 - re-exported: the paper data's one home
 from fedhv.results.collect import Run, Stat
 
 #: Configuration keys that make a run's setting the paper's (Tables 3-5 and B.5): a run
@@ -23,28 +22,6 @@ SETTING_KEYS: tuple[str, ...] = (
     "partition.seed", "train.clients_per_round", "train.batch_size", "train.local_steps", "train.momentum",
     "eval.test_period", "data.max_test_samples",
 )
-
-
-@lru_cache(maxsize=1)
-def paper_tables() -> dict[str, Any]:
-    """The whole transcription."""
-    text = (resources.files("fedhv.results") / "paper_tables.json").read_text()
-    data: dict[str, Any] = json.loads(text)
-    return data
-
-
-def paper_value(*path: str | int) -> Any:
-    """The entry at ``path`` (e.g. ``"table1", "multimnist", "fedhv", "mean_acc"``) or ``None``."""
-    node: Any = paper_tables()
-    for key in path:
-        if isinstance(node, list) and isinstance(key, int) and key < len(node):
-            node = node[key]
-            continue
-        if isinstance(node, dict) and key in node:
-            node = node[key]
-            continue
-        return None
-    return node
 
 
 def paper_stat(*path: str | int) -> Stat | None:
