@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,10 @@ class FederationAccounting:
     diverged : list of (int, str)
         The rejections whose reply had non-finite values that fault injection did not
         put there: the client's own training overflowed (a sign of divergence).
+    extras : dict
+        Back-end facts merged into the round's record (empty unless the back-end adds some).
+    global_buffers : Any
+        The engine holding the global model's buffers, when the round loop gives one.
     """
 
     def __init__(self, clients: np.ndarray, round_idx: int, dropped: Sequence[int] = ()) -> None:
@@ -64,6 +69,8 @@ class FederationAccounting:
         self.bytes_up = 0
         self.stages = 0
         self.client_seconds = 0.0
+        self.extras: dict[str, Any] = {}  # back-end facts for the round's record (none in the simulator)
+        self.global_buffers: Any = None  # set by run_rounds when a networked back-end federates buffers
 
     @property
     def clients(self) -> np.ndarray:

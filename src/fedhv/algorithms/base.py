@@ -19,7 +19,7 @@ knowing which algorithm sent them, and count bytes and stages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -80,8 +80,50 @@ class Replies:
     weights: torch.Tensor | None = None
 
 
+@runtime_checkable
 class Federation(Protocol):
-    """One round's connection to the sampled clients."""
+    """One round's connection to the sampled clients.
+
+    An algorithm calls :attr:`clients`, :meth:`exchange`, :meth:`count_uplink`,
+    :meth:`count_downlink` and :meth:`relay`. The round loop
+    (:func:`fedhv.experiment.loop.run_rounds`) then reads the round's books from the same
+    object: the attributes below, kept by
+    :class:`~fedhv.algorithms.accounting.FederationAccounting`, which every back-end
+    (:class:`~fedhv.sim.federation.SimFederation`,
+    :class:`~fedhv.flower.federation.FlowerFederation`) extends.
+
+    Attributes
+    ----------
+    bytes_down, bytes_up : int
+        Bytes per participating client, summed over the round's stages.
+    stages : int
+        Synchronization stages run so far.
+    client_seconds : float
+        Wall-clock time spent in client computation (over a network: the stages' round
+        trips); the rest of the round is the server's.
+    dropped : list of int
+        Sampled clients that did not answer.
+    rejected : list of (int, str)
+        Clients whose reply was rejected, with the reason.
+    diverged : list of (int, str)
+        The rejections whose non-finite values the client's own training produced.
+    extras : dict
+        Back-end facts merged into the round's record (e.g. secure aggregation's
+        ``secure_clients``, Flower's ``node_seconds``); empty for the simulator.
+    global_buffers : Any
+        The engine holding the global model's buffers (BatchNorm statistics), which the
+        round loop sets when a networked back-end must federate them; ``None`` otherwise.
+    """
+
+    bytes_down: int
+    bytes_up: int
+    stages: int
+    client_seconds: float
+    dropped: list[int]
+    rejected: list[tuple[int, str]]
+    diverged: list[tuple[int, str]]
+    extras: dict[str, Any]
+    global_buffers: Any
 
     @property
     def clients(self) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import Algorithm
+from fedhv.algorithms.base import Algorithm, Federation
 from fedhv.algorithms.validation import NoValidReplies
 from fedhv.config.schema import ValidationConfig
 from fedhv.data.federated import FederatedData
@@ -51,12 +51,12 @@ def skipped_rounds_error(round_done: int, stream: str, skipped: int, window: int
     )
 
 
-#: ``factory(clients, round_idx, seed, stream)`` -> one round's federation: an
-#: :class:`~fedhv.algorithms.base.Federation` with the accounting attributes of
-#: :class:`~fedhv.algorithms.accounting.FederationAccounting` (``client_seconds``,
-#: ``bytes_down``, ``bytes_up``, ``stages``, ``dropped``, ``rejected``, ``diverged``).
-#: ``None`` in :func:`run_rounds` means the simulator's ``SimFederation`` over the engine.
-FederationFactory = Callable[[np.ndarray, int, int, str], Any]
+#: ``factory(clients, round_idx, seed, stream)`` -> one round's
+#: :class:`~fedhv.algorithms.base.Federation` (whose protocol declares the books this loop reads:
+#: ``client_seconds``, ``bytes_down``, ``bytes_up``, ``stages``, ``dropped``, ``rejected``,
+#: ``diverged``, ``extras``, ``global_buffers``). ``None`` in :func:`run_rounds` means the
+#: simulator's ``SimFederation`` over the engine.
+FederationFactory = Callable[[np.ndarray, int, int, str], Federation]
 
 
 @dataclass
@@ -184,6 +184,7 @@ def run_rounds(
             clients = sample_clients(seed, stream, t, data.num_clients, clients_per_round)
         else:  # empty clients are never sampled: M of the non-empty ones
             clients = pool[sample_clients(seed, stream, t, len(pool), clients_per_round)]
+        federation: Federation
         if federation_factory is None:
             federation = SimFederation(engine, clients, t, faults, v.max_update_norm, v.max_update_norm_ratio,
                                        aggregation)
@@ -206,7 +207,7 @@ def run_rounds(
             reason = f" (e.g. client {example[0]}: {example[1]})" if federation.rejected and example else ""
             log.warning("round %d: no valid client reply%s; model and task weights kept; %d of %d rounds skipped",
                         t + 1, reason, sum(recent) + 1, len(recent) + 1)
-        round_log = {**round_log, **getattr(federation, "extras", {})}  # back-end facts (secure aggregation)
+        round_log = {**round_log, **federation.extras}  # back-end facts (secure aggregation)
         synchronize(engine.device)
         elapsed = time.perf_counter() - t0
         record = RoundRecord(
