@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedhv._malloc import tune_allocator
-from fedhv.algorithms import FedHV
+from fedhv.algorithms import FedHVAlgorithm
 from fedhv.config import load_config
 from fedhv.data.federated import FederatedData
 from fedhv.models import ResNet18GN, default_init, get_flat
@@ -78,7 +78,7 @@ def main() -> None:
     model = ResNet18GN()
     default_init(model, torch_generator(0, "init"))
     theta = get_flat(model).clone()
-    alg = FedHV(np.asarray(REFERENCES["celeba5"]), lr_global=1.0)
+    alg = FedHVAlgorithm(np.asarray(REFERENCES["celeba5"]), lr_global=1.0)
     kwargs = {"local_steps": 5, "batch_size": 64, "lr_local": 0.2, "momentum": 0.9, "seed": 0,
               "precision": args.precision, "eval_batch_size": load_config("celeba5-a").eval.batch_size}
     engine = (BatchedEngine(ResNet18GN(), data, chunk=args.chunk, **kwargs) if args.engine == "batched"

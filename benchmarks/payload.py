@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedhv.algorithms import FedHV, Uniform
-from fedhv.algorithms.fedcmoo import FedCMOO
-from fedhv.algorithms.fsmgda import FSMGDA
+from fedhv.algorithms import FedHVAlgorithm, UniformAlgorithm
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOConfig
+from fedhv.algorithms.fsmgda import FSMGDAAlgorithm
 from fedhv.data.federated import FederatedData
 from fedhv.models import CifarCNN, ParamLayout, default_init, get_flat
 from fedhv.models.params import TaskSlices
@@ -47,11 +47,11 @@ def main() -> None:
     theta = get_flat(model).clone()
     d = theta.numel()
     methods = {
-        "uniform": Uniform(1.2),
-        "fsmgda": FSMGDA(slices, 1.6),
-        "fedcmoo": FedCMOO(slices, 1.6),
-        "fedcmoo (randsvd-direct)": FedCMOO(slices, 1.6, estimator="randsvd-direct"),
-        "fedhv": FedHV(np.asarray(REFERENCES["cifar10-mnist"]), 1.6),
+        "uniform": UniformAlgorithm(1.2),
+        "fsmgda": FSMGDAAlgorithm(slices, 1.6),
+        "fedcmoo": FedCMOOAlgorithm(slices, 1.6),
+        "fedcmoo (randsvd-direct)": FedCMOOAlgorithm(slices, 1.6, config=FedCMOOConfig(estimator="randsvd-direct")),
+        "fedhv": FedHVAlgorithm(np.asarray(REFERENCES["cifar10-mnist"]), 1.6),
     }
     model_bytes = d * 4
     print(f"CIFAR10-MNIST CNN: d = {d:,} parameters ({len(slices.encoder):,} encoder), model = {model_bytes:,} bytes "

@@ -77,8 +77,8 @@ def time_rounds(cfg, data, method: str, engine_name: str, rounds: int,  # type: 
     shared, loaded machine it moves far less with the load than the wall time does.
     ``reference``: FedHV's (no calibration is timed).
     """
-    run_cfg = dataclasses.replace(cfg, method=method, engine=engine_name, fedhv=dataclasses.replace(
-        cfg.fedhv, reference=reference))
+    run_cfg = dataclasses.replace(cfg, method=method, engine=engine_name).with_section(
+        "fedhv", dataclasses.replace(cfg.section("fedhv"), reference=reference))
     run_cfg = load_config_like(run_cfg)
     alg = build_method(run_cfg, data).algorithm
     model = new_model(run_cfg, data, 0)
@@ -279,8 +279,8 @@ def profile_round(cfg, data, top: int) -> None:  # type: ignore[no-untyped-def]
     """Top ``top`` operators by self CPU time of one batched FedHV round (after a warm-up round)."""
     from torch.profiler import ProfilerActivity, profile
 
-    run_cfg = load_config_like(dataclasses.replace(cfg, method="fedhv", engine="batched",
-                                                   fedhv=dataclasses.replace(cfg.fedhv, reference="paper")))
+    run_cfg = load_config_like(dataclasses.replace(cfg, method="fedhv", engine="batched").with_section(
+        "fedhv", dataclasses.replace(cfg.section("fedhv"), reference="paper")))
     alg = build_method(run_cfg, data).algorithm
     model = new_model(run_cfg, data, 0)
     engine = make_engine(run_cfg, model, data, 0, "bench")

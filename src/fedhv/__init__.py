@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 _API = {
     "Task": "fedhv.api", "FederatedDataset": "fedhv.api", "History": "fedhv.api", "calibrate": "fedhv.api",
     "simulate": "fedhv.api", "FedHV": "fedhv.api", "Uniform": "fedhv.api", "FSMGDA": "fedhv.api",
-    "FedCMOO": "fedhv.api", "FSMGDAConfig": "fedhv.config.schema", "FedCMOOConfig": "fedhv.config.schema",
+    "FedCMOO": "fedhv.api", "FSMGDAConfig": "fedhv.algorithms", "FedCMOOConfig": "fedhv.algorithms",
+    "FedHVConfig": "fedhv.algorithms", "Method": "fedhv.algorithms", "BuildContext": "fedhv.algorithms",
+    "Built": "fedhv.algorithms",
     "HVWeighting": "fedhv.weighting", "HVBackward": "fedhv.weighting",
     "reference_from_losses": "fedhv.weighting",
     "UserBenchmark": "fedhv.data.user", "register_benchmark": "fedhv.registry", "register_model": "fedhv.registry",
@@ -25,6 +27,8 @@ _API = {
 
 __all__ = [
     "FSMGDA",
+    "BuildContext",
+    "Built",
     "ConfigError",
     "DataError",
     "DatasetTooLarge",
@@ -32,11 +36,13 @@ __all__ = [
     "FedCMOO",
     "FedCMOOConfig",
     "FedHV",
+    "FedHVConfig",
     "FedHVError",
     "FederatedDataset",
     "HVBackward",
     "HVWeighting",
     "History",
+    "Method",
     "RunDirError",
     "Task",
     "Uniform",

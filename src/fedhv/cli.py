@@ -130,10 +130,10 @@ def _version() -> str:
 
 
 def _method(name: str) -> str:
-    """A method name with the built-ins matched case-insensitively (``FedHV`` -> ``fedhv``)."""
-    from fedhv.config.schema import METHODS
+    """A method name with the registered ones matched case-insensitively (``FedHV`` -> ``fedhv``)."""
+    from fedhv.config.loader import method_name
 
-    return name.lower() if name.lower() in METHODS else name
+    return method_name(name)
 
 
 def _preset_line(name: str) -> str:

@@ -7,8 +7,8 @@ Three :class:`Registry` instances hold everything a configuration can name:
   classes, normalisation, augmentation, objective, model name), or a user's factory
   ``() -> fedhv.UserBenchmark``;
 - :data:`MODELS` -- model name -> ``factory(num_classes) -> nn.Module``;
-- :data:`METHODS` -- ``method``: name -> setup factory
-  ``(cfg, data, progress, calibration, federation_factory) -> MethodSetup``.
+- :data:`METHODS` -- ``method``: name -> method class (a :class:`fedhv.Method` subclass holding
+  its hyper-parameter section, state and round logic; :mod:`fedhv.algorithms.method`).
 
 Built-ins register themselves through the same :meth:`Registry.register` when their
 module is imported; a registry imports that module on its first lookup, so this module
@@ -46,10 +46,12 @@ class Registry(Generic[T]):
         The configuration key that names an entry (``"data.benchmark"``), for messages.
     builtins : str
         Module that registers the built-in entries; imported on the first lookup.
+    how : str
+        How a user adds an entry, for the unknown-name message.
     """
 
-    def __init__(self, kind: str, key: str, builtins: str) -> None:
-        self.kind, self.key, self._builtins = kind, key, builtins
+    def __init__(self, kind: str, key: str, builtins: str, how: str) -> None:
+        self.kind, self.key, self._builtins, self._how = kind, key, builtins, how
         self._items: dict[str, T] = {}
         self._entry_points: dict[str, importlib.metadata.EntryPoint] = {}
         self._loaded = False
@@ -137,9 +139,8 @@ class Registry(Generic[T]):
         close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"{self.key} = {name!r} is not supported{hint}; choose one of {', '.join(known)}, "
-            f"or register one with fedhv.register_{self.kind}(name, factory)"
-            + (", or name a factory as 'module:attribute'" if self.kind == "benchmark" else "")
+            f"{self.key} = {name!r} is not supported{hint}; choose one of {', '.join(known)}"
+            + f", or {self._how}"
         )
 
     def names(self) -> tuple[str, ...]:
@@ -158,9 +159,14 @@ class Registry(Generic[T]):
         return iter(self.names())
 
 
-BENCHMARKS: Registry[Any] = Registry("benchmark", "data.benchmark", "fedhv.data.benchmarks")
-MODELS: Registry[Callable[[tuple[int, ...]], Any]] = Registry("model", "model", "fedhv.models")
-METHODS: Registry[Callable[..., Any]] = Registry("method", "method", "fedhv.experiment.methods")
+BENCHMARKS: Registry[Any] = Registry(
+    "benchmark", "data.benchmark", "fedhv.data.benchmarks",
+    "register one with fedhv.register_benchmark(name, factory), or name a factory as 'module:attribute'")
+MODELS: Registry[Callable[[tuple[int, ...]], Any]] = Registry(
+    "model", "model", "fedhv.models", "register one with fedhv.register_model(name, factory)")
+METHODS: Registry[Any] = Registry(
+    "method", "method", "fedhv.algorithms",
+    "register a method class with @fedhv.register_method (docs/methods.md, 'Write your own method')")
 
 
 def register_benchmark(name: str, factory: Any = None, *, replace: bool = False) -> Any:
@@ -173,9 +179,27 @@ def register_model(name: str, factory: Any = None, *, replace: bool = False) -> 
     return MODELS.register(name) if factory is None else MODELS.register(name, factory, replace=replace)
 
 
-def register_method(name: str, factory: Any = None, *, replace: bool = False) -> Any:
-    """Register a method's setup factory (see :mod:`fedhv.experiment.methods`; decorator without it)."""
-    return METHODS.register(name) if factory is None else METHODS.register(name, factory, replace=replace)
+def register_method(cls: Any = None, *, replace: bool = False) -> Any:
+    """Register a method class under its ``name`` (a class decorator; :mod:`fedhv.algorithms.method`).
+
+    ``@fedhv.register_method`` over a frozen-dataclass subclass of :class:`fedhv.Method`, or
+    ``fedhv.register_method(DWA)``; ``replace=True`` replaces a method of the same name.
+
+    Raises
+    ------
+    ConfigError
+        For anything that is not a usable method class (naming what it lacks), or a taken name.
+    """
+    from fedhv.algorithms.method import check_method_class
+
+    if cls is None:
+        return lambda c: register_method(c, replace=replace)
+    if isinstance(cls, str):
+        raise ConfigError(f"register_method({cls!r}, ...): a method registers its class, whose name is its "
+                          "class attribute `name`; write @fedhv.register_method over the class")
+    check_method_class(cls)
+    METHODS.register(cls.name, cls, replace=replace)
+    return cls
 
 
 def is_reference(value: str) -> bool:

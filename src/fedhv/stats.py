@@ -23,10 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from fedhv.config.loader import apply_overrides, build, load_setting
+from fedhv.config.loader import apply_overrides, build_run_config, load_setting
 from fedhv.config.schema import STRATA, RunConfig
 from fedhv.config.validation import _choice, _seed, validate_partition_keys
-from fedhv.data.heterogeneity import Heterogeneity, client_task_tv, iid_partition
+from fedhv.data.heterogeneity import (  # participation_factor: re-exported (it moved)
+    Heterogeneity,
+    client_task_tv,
+    iid_partition,
+    participation_factor,
+)
 from fedhv.data.partition import dirichlet_partition
 from fedhv.experiment.setup import partition_sizes
 from fedhv.objectives import MultiLabel
@@ -58,7 +63,7 @@ def validate_partition(cfg: RunConfig) -> None:
 
 def load_partition_config(setting: str, overrides: Iterable[str] = ()) -> RunConfig:
     """Preset or TOML file + overrides, type-checked, with only the partition keys validated."""
-    cfg = build(RunConfig, apply_overrides(load_setting(setting), overrides))
+    cfg = build_run_config(apply_overrides(load_setting(setting), overrides))
     validate_partition(cfg)
     return cfg
 
@@ -80,17 +85,6 @@ def _rule_partitions(cfg: RunConfig, bench: Any, parts: np.ndarray) -> list[dict
             other = dirichlet_partition(strata, p.clients, partition_sizes(cfg, len(strata)), p.alpha, p.seed)
         entries.append({"rules": [rule], "strata": strata, "parts": other})
     return entries
-
-
-def participation_factor(clients: int, per_round: int) -> float:
-    """``chi_N(M) = (N - M) / (M (N - 1))`` (paper §4.1; 0 for ``N = 1``).
-
-    The variance of the mean of ``M`` of ``N`` client vectors drawn without replacement around
-    their population mean is ``chi_N(M)`` times their population variance
-    ``(1/N) sum_k ||g_k - g||^2`` -- the factor by which partial participation scales the
-    heterogeneity ``zeta^2`` in the paper's bound (0 at full participation).
-    """
-    return 0.0 if clients <= 1 else (clients - per_round) / (per_round * (clients - 1))
 
 
 def partition_report(cfg: RunConfig, gradients: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,7 +1,17 @@
-"""Federated multi-objective algorithms as pure round logic with explicit state."""
+"""Federated multi-objective methods: each one module holding its hyper-parameters (its
+configuration section), its round logic with explicit state, and its registration
+(:mod:`fedhv.algorithms.method`). Importing this package registers the built-in methods."""
 
-from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult
-from fedhv.algorithms.fedhv import FedHV, FedHVState
-from fedhv.algorithms.uniform import Uniform
+from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult, fedavg_step, mean_update
+from fedhv.algorithms.fedcmoo import FedCMOO, FedCMOOAlgorithm, FedCMOOConfig, FedCMOOState
+from fedhv.algorithms.fedhv import FedHV, FedHVAlgorithm, FedHVConfig, FedHVState
+from fedhv.algorithms.fsmgda import FSMGDA, FSMGDAAlgorithm, FSMGDAConfig, FSMGDAState
+from fedhv.algorithms.method import BuildContext, Built, Method, register
+from fedhv.algorithms.uniform import Uniform, UniformAlgorithm, UniformConfig, UniformState
 
-__all__ = ["Algorithm", "FedHV", "FedHVState", "Federation", "Replies", "Request", "StepResult", "Uniform"]
+__all__ = [
+    "FSMGDA", "Algorithm", "BuildContext", "Built", "FSMGDAAlgorithm", "FSMGDAConfig", "FSMGDAState", "FedCMOO",
+    "FedCMOOAlgorithm", "FedCMOOConfig", "FedCMOOState", "FedHV", "FedHVAlgorithm", "FedHVConfig", "FedHVState",
+    "Federation", "Method", "Replies", "Request", "StepResult", "Uniform", "UniformAlgorithm", "UniformConfig",
+    "UniformState", "fedavg_step", "mean_update", "register",
+]

@@ -36,18 +36,60 @@ is not implemented.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step, one_hot_rows
+from fedhv.algorithms.method import BuildContext, Built, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
+from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 from fedhv.rng import torch_generator
 from fedhv.weighting.randsvd import compress, compression_rank
 from fedhv.weighting.simplex import project_simplex, project_simplex_floats
+
+
+@dataclass(frozen=True)
+class FedCMOOConfig:
+    """FedCMOO's hyper-parameters, the ``[fedcmoo]`` section (paper B.6, reference notes §4.2).
+
+    Attributes
+    ----------
+    estimator : {"randsvd", "randsvd-direct"}
+        Two-way (four-term) or one-way Gram estimate.
+    extra_upload : float
+        ``e`` in the rank formula (paper B.6: 1).
+    oversample, power_iterations : float, int
+        Randomized-SVD oversampling (``floor(0.1 r)`` extra columns) and power iterations.
+    weight_lr, weight_steps, weight_momentum : float, int, float
+        FindWeights (paper B.6: 1e-3, 1000, 0).
+    symmetrize : bool
+        Use ``(GG + GG^T) / 2``.
+    """
+
+    estimator: str = "randsvd"
+    extra_upload: float = 1.0
+    oversample: float = 0.1
+    power_iterations: int = 2
+    weight_lr: float = 1e-3
+    weight_steps: int = 1000
+    weight_momentum: float = 0.0
+    symmetrize: bool = True
+
+    def check(self) -> None:
+        """Refuse values the estimator or FindWeights cannot use (one line naming the keys)."""
+        choice("fedcmoo.estimator", self.estimator, ("randsvd", "randsvd-direct"))
+        positive("fedcmoo.extra_upload", self.extra_upload)
+        positive("fedcmoo.weight_lr", self.weight_lr)
+        if self.oversample < 0 or self.power_iterations < 0 or self.weight_steps < 1 \
+                or not 0 <= self.weight_momentum < 1:
+            raise ConfigError(
+                "fedcmoo: oversample and power_iterations must be >= 0, weight_steps >= 1, weight_momentum in "
+                f"[0, 1); got {self.oversample}, {self.power_iterations}, {self.weight_steps}, {self.weight_momentum}"
+            )
 
 
 @dataclass(frozen=True)
@@ -117,8 +159,8 @@ def _find_weights_small(g: list[list[float]], w: list[float], lr: float, steps: 
 
 
 @dataclass(frozen=True)
-class FedCMOO:
-    """FedCMOO with a randomized-SVD Gram estimate and warm-started FindWeights.
+class FedCMOOAlgorithm:
+    """FedCMOO's round logic: a randomized-SVD Gram estimate and warm-started FindWeights.
 
     Parameters
     ----------
@@ -128,29 +170,14 @@ class FedCMOO:
         Server learning rate ``eta_g``.
     seed : int
         Keys the clients' and the server's sketching matrices.
-    estimator : {"randsvd", "randsvd-direct"}
-        Two-way (four-term) or one-way Gram estimate.
-    extra_upload : float
-        ``e`` in the rank formula (paper B.6: 1).
-    oversample, power_iterations : float, int
-        Randomized-SVD oversampling (``floor(0.1 r)`` extra columns) and power iterations.
-    weight_lr, weight_steps, weight_momentum : float, int, float
-        FindWeights (paper B.6: 1e-3, 1000, 0).
-    symmetrize : bool
-        Use ``(GG + GG^T) / 2``.
+    config : FedCMOOConfig
+        The hyper-parameters.
     """
 
     slices: TaskSlices
     lr_global: float
     seed: int = 0
-    estimator: str = "randsvd"
-    extra_upload: float = 1.0
-    oversample: float = 0.1
-    power_iterations: int = 2
-    weight_lr: float = 1e-3
-    weight_steps: int = 1000
-    weight_momentum: float = 0.0
-    symmetrize: bool = True
+    config: FedCMOOConfig = field(default_factory=FedCMOOConfig)
     name: str = "fedcmoo"
 
     def init_state(self, num_tasks: int) -> FedCMOOState:
@@ -158,9 +185,9 @@ class FedCMOO:
 
     def _sketch(self, g: torch.Tensor, *keys: int | str) -> tuple[torch.Tensor, int]:
         d, m = g.shape
-        rank = compression_rank(d, m, self.extra_upload)
-        c, (left, right) = compress(g, rank, torch_generator(self.seed, "randsvd", *keys), self.oversample,
-                                    self.power_iterations)
+        rank = compression_rank(d, m, self.config.extra_upload)
+        c, (left, right) = compress(g, rank, torch_generator(self.seed, "randsvd", *keys),
+                                    self.config.oversample, self.config.power_iterations)
         return c, (left.numel() + right.numel()) * g.element_size()
 
     def gram_estimate(self, grads: torch.Tensor, clients: np.ndarray, round_idx: int,
@@ -172,7 +199,7 @@ class FedCMOO:
         sketches = [self._sketch(enc[i], "client", round_idx, int(c)) for i, c in enumerate(clients)]
         cs = torch.stack([c for c, _ in sketches])
         up_sketch = sketches[0][1]
-        if self.estimator == "randsvd-direct":
+        if self.config.estimator == "randsvd-direct":
             federation.count_uplink(up_sketch)
             total = cs.sum(0)
             gg = total.T @ total / k
@@ -190,7 +217,7 @@ class FedCMOO:
             # Correction stage: sumC factors down; D^T(sumC - C), D^T D and two norms up.
             federation.relay(down_bytes=down_sketch, up_bytes=(2 * m * m + 2) * item)
         gg_np = gg.double().cpu().numpy()
-        return 0.5 * (gg_np + gg_np.T) if self.symmetrize else gg_np
+        return 0.5 * (gg_np + gg_np.T) if self.config.symmetrize else gg_np
 
     def round(self, state: FedCMOOState, theta: torch.Tensor, federation: Federation) -> StepResult:
         m = len(state.weights)
@@ -198,7 +225,8 @@ class FedCMOO:
         assert stage1.gradients is not None
         grads = stage1.gradients  # [k, m, d], kept by the clients
         gg = self.gram_estimate(grads, federation.clients, state.round, federation)
-        w = find_weights(gg, state.weights, self.weight_lr, self.weight_steps, self.weight_momentum)
+        c = self.config
+        w = find_weights(gg, state.weights, c.weight_lr, c.weight_steps, c.weight_momentum)
         w_t = torch.as_tensor(w, dtype=grads.dtype, device=grads.device)
         first = torch.einsum("i,kid->kd", w_t, grads).unsqueeze(1)
         stage2 = federation.exchange(
@@ -209,3 +237,31 @@ class FedCMOO:
         log = {"weights": w.tolist(), "gram": gg.tolist()}
         new_theta = fedavg_step(theta, stage2.deltas[:, 0], self.lr_global, stage2.weights)
         return StepResult(new_theta, replace(state, weights=w, round=state.round + 1), log)
+
+
+@register
+@dataclass(frozen=True)
+class FedCMOO(Method):
+    """FedCMOO (Askin et al., 2025): compressed task gradients, server-side weight optimisation.
+
+    Parameters
+    ----------
+    lr_global : float
+        Server learning rate ``eta_g`` (``[lr.fedcmoo] global``).
+    config : FedCMOOConfig
+        The ``[fedcmoo]`` hyper-parameters.
+    """
+
+    lr_global: float = 1.0
+    config: FedCMOOConfig = field(default_factory=FedCMOOConfig)
+    name: ClassVar[str] = "fedcmoo"
+    section: ClassVar[type] = FedCMOOConfig
+    state: ClassVar[type] = FedCMOOState
+    needs_heads: ClassVar[bool] = True
+    secure_aggregation: ClassVar[bool] = False
+    secure_refusal: ClassVar[str] = ("FedCMOO's gradient stage needs every client's own gradients G_k (the server "
+                                     "sketches each and checks each first step W @ G_k), which SecAgg+ cannot mask")
+
+    def build(self, context: BuildContext) -> Built:
+        """:class:`FedCMOOAlgorithm` over the run's encoder / head split, its sketches keyed by the seed."""
+        return Built(FedCMOOAlgorithm(context.task_slices(), self.lr_global, context.seed, self.config))

@@ -16,15 +16,69 @@ per participating client (``m`` weights down, ``m`` reports up).
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
+from fedhv.algorithms.method import BuildContext, Built, Calibration, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields
+from fedhv.config.schema import CalibrationConfig
+from fedhv.errors import ConfigError
 from fedhv.weighting import hv_weights
+
+if TYPE_CHECKING:
+    from fedhv.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class FedHVConfig:
+    """FedHV's hyper-parameters, the ``[fedhv]`` section (paper B.7).
+
+    Attributes
+    ----------
+    rho_clip : float
+        Numerical slack floor ``rho_clip > 0`` of the weight map (paper: 1e-6).
+    report_batches : int or "all"
+        Objective-report budget ``B_rep``: minibatches of ``train.batch_size`` samples, or the
+        whole local dataset (paper: all).
+    reference : "calibrate", "paper" or list of float
+        Training reference ``r``: from a calibration run (``[calibration]``), the paper's
+        Table 6, or given directly.
+    slack_scale : "none", "calibrated-range" or list of float
+        ``"none"``: the paper's map; ``"calibrated-range"``: slack in units of each task's
+        ``r_i - min_t F_i^t`` over the calibration; or one positive scale per task
+        (:func:`fedhv.weighting.hv_weights`).
+    """
+
+    rho_clip: float = 1e-6
+    report_batches: int | str = "all"
+    reference: str | tuple[float, ...] = "calibrate"
+    slack_scale: str | tuple[float, ...] = "none"
+
+    def check(self) -> None:
+        """Refuse values the weight map cannot use (one line naming ``fedhv.<key>``, the value and the fix)."""
+        positive("fedhv.rho_clip", self.rho_clip, "the slack floor must be positive, e.g. 1e-6")
+        if isinstance(self.report_batches, str):
+            if self.report_batches != "all":
+                raise ConfigError(f"fedhv.report_batches = {self.report_batches!r}: use \"all\" or a positive integer")
+        elif self.report_batches < 1:
+            raise ConfigError(f"fedhv.report_batches = {self.report_batches} must be >= 1 or \"all\"")
+        if isinstance(self.reference, str):
+            choice("fedhv.reference", self.reference, ("calibrate", "paper"))
+        else:
+            for i, r in enumerate(self.reference):
+                if not r > 0:
+                    raise ConfigError(
+                        f"fedhv.reference[{i}] = {r} gives a non-positive slack r_i - f_i for any "
+                        "non-negative loss; give a reference above the task losses or use "
+                        "fedhv.reference = \"calibrate\""
+                    )
 
 
 @dataclass(frozen=True)
@@ -66,8 +120,8 @@ class FedHVState:
 
 
 @dataclass(frozen=True)
-class FedHV:
-    """FedHV with a fixed training reference.
+class FedHVAlgorithm:
+    """FedHV's round logic with a fixed training reference.
 
     Parameters
     ----------
@@ -115,3 +169,136 @@ class FedHV:
             "next_weights": hv.weights.tolist(),
         }
         return StepResult(new_theta, replace(state, weights=hv.weights, last_report=report), log)
+
+
+def calibrated_range(calibration: Calibration) -> list[float]:
+    """``d_i = r_i - min_{s,t} F_i^{s,t}``: how far each task's report fell below its reference
+    during the calibration (its loss scale; the scale-free variant's unit of slack)."""
+    rows = [row for rounds in calibration.reports.values() for row in rounds]
+    low = [min(row[i] for row in rows) for i in range(len(calibration.reference))]
+    return [r - lo for r, lo in zip(calibration.reference, low)]
+
+
+def slack_scale_values(spec: str | Sequence[float], m: int, calibration: Calibration | None) -> list[float] | None:
+    """The slack scales ``d`` of ``slack_scale = spec`` (``None`` for the paper's map)."""
+    if isinstance(spec, str):
+        if spec == "none":
+            return None
+        if spec != "calibrated-range":
+            raise ConfigError(f"slack_scale = {spec!r} is unknown; use \"none\" (the paper's map), "
+                              "\"calibrated-range\" or one positive number per task")
+        if calibration is None:
+            raise ConfigError("slack_scale = \"calibrated-range\" needs a calibration (reference = None / "
+                              "\"calibrate\"); with a given reference pass one scale per task")
+        values = calibrated_range(calibration)
+    else:
+        values = [float(v) for v in spec]
+    if len(values) != m or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ConfigError(f"slack_scale = {values} must be {m} finite positive numbers (one per task)")
+    return values
+
+
+_H = FedHVConfig
+_C = CalibrationConfig
+
+
+@register
+@dataclass(frozen=True)
+class FedHV(Method):
+    """FedHV (paper §3.3): ``w^{t+1}_i ∝ 1 / max(r_i - F_i^t, rho_clip)`` from averaged client reports.
+
+    The public fields are the ``[fedhv]`` section's (:class:`FedHVConfig`, whose defaults these
+    are) and the calibration's (``[calibration]``: ``rounds``, ``margin``, ``seeds``). Defaults:
+    ``lr_global = 1.0``, ``reference = None`` (calibrate: ``calibration_rounds = 20``
+    uniform-weight rounds with ``calibration_seeds = (0,)``, ``r = max_t F^t + margin``,
+    ``margin = 0.15``; ``"paper"``: the paper's Table 6), ``rho_clip = 1e-6``,
+    ``report_batches = "all"`` (each client reports over its whole local dataset),
+    ``slack_scale = "none"`` (the paper's map; see :func:`fedhv.weighting.hv_weights` for
+    ``"calibrated-range"``, the scale-free variant).
+    """
+
+    lr_global: float = 1.0
+    reference: Sequence[float] | str | None = None
+    rho_clip: float = _H.rho_clip
+    report_batches: int | str = _H.report_batches
+    calibration_rounds: int = _C.rounds
+    margin: float = _C.margin
+    calibration_seeds: tuple[int, ...] = _C.seeds
+    slack_scale: str | Sequence[float] = _H.slack_scale
+    name: ClassVar[str] = "fedhv"
+    section: ClassVar[type] = FedHVConfig
+    state: ClassVar[type] = FedHVState
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> FedHV:
+        """The FedHV a resolved configuration describes (``[fedhv]``, ``[calibration]``, its rates)."""
+        h, c = cfg.section(cls.name), cfg.calibration
+        ref = None if h.reference == "calibrate" else h.reference
+        return cls(cfg.lr_global, ref, h.rho_clip, h.report_batches, c.rounds, c.margin, tuple(c.seeds),
+                   h.slack_scale)
+
+    def options(self) -> FedHVConfig:
+        """The ``[fedhv]`` section of these options."""
+        if self.reference is None or isinstance(self.reference, str):
+            ref: str | tuple[float, ...] = "calibrate" if self.reference is None else self.reference
+        else:
+            ref = tuple(float(v) for v in self.reference)
+        scale = self.slack_scale if isinstance(self.slack_scale, str) else tuple(float(v) for v in self.slack_scale)
+        return FedHVConfig(self.rho_clip, self.report_batches, ref, scale)
+
+    def configure(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` running this method: ``method``, its rates, ``[fedhv]`` and the calibration's keys."""
+        cfg = super().configure(cfg)
+        calibration = dataclasses.replace(cfg.calibration, rounds=self.calibration_rounds, margin=self.margin,
+                                          seeds=tuple(self.calibration_seeds))
+        return dataclasses.replace(cfg, calibration=calibration)
+
+    def uses_calibration(self) -> bool:
+        """Calibrated when no reference is given."""
+        return self.reference is None or self.reference == "calibrate"
+
+    def resolve_reference(self, context: BuildContext) -> tuple[np.ndarray, str, Calibration | None]:
+        """The training reference ``r``, where it came from, and the calibration behind it.
+
+        Calibrated (paper §3.2, B.8; a given or shared calibration is reused), the paper's Table 6,
+        or given: a given or paper reference must hold one value per task above the initial
+        model's task losses (``r_i > f_i``, else the weight map has no positive slack).
+        """
+        m = context.num_tasks
+        if self.uses_calibration():
+            calibration = context.calibration()
+            return np.asarray(calibration.reference, dtype=np.float64), "calibration", calibration
+        if self.reference == "paper":
+            from fedhv.paper import REFERENCES
+
+            if context.benchmark not in REFERENCES:
+                raise ConfigError(f"fedhv.reference = \"paper\": the paper gives no reference for "
+                                  f"{context.benchmark!r}; use \"calibrate\" or a list of values")
+            ref, source = np.asarray(REFERENCES[context.benchmark], dtype=np.float64), "paper Table 6"
+        else:
+            assert self.reference is not None and not isinstance(self.reference, str)
+            ref, source = np.asarray(self.reference, dtype=np.float64), "given"
+        if len(ref) != m:
+            raise ConfigError(f"fedhv.reference has {len(ref)} values but {context.benchmark} has {m} tasks "
+                              f"({', '.join(context.task_names)}); give one value per task")
+        f0 = context.initial_losses()
+        bad = [i for i in range(m) if ref[i] - f0[i] <= 0]
+        if bad:
+            detail = ", ".join(f"r[{i}] = {ref[i]:.4g} <= f[{i}] = {f0[i]:.4g}" for i in bad)
+            raise ConfigError(
+                f"fedhv.reference gives a non-positive slack at the initial model ({detail}); the weight map "
+                "needs r_i > f_i. Raise those entries above the initial losses or use fedhv.reference = \"calibrate\""
+            )
+        return ref, source, None
+
+    def build(self, context: BuildContext) -> Built:
+        """:class:`FedHVAlgorithm` with the resolved reference (and slack scales)."""
+        ref, source, calibration = self.resolve_reference(context)
+        return Built(self.algorithm(ref, calibration), ref.tolist(), source, calibration)
+
+    def algorithm(self, reference: Sequence[float], calibration: Calibration | None = None) -> FedHVAlgorithm:
+        """:class:`FedHVAlgorithm` for a known ``reference`` (``calibration`` for ``"calibrated-range"``)."""
+        scale = slack_scale_values(self.slack_scale, len(reference), calibration)
+        return FedHVAlgorithm(np.asarray(reference, dtype=np.float64), self.lr_global, self.rho_clip,
+                              self.report_batches,
+                              slack_scale=None if scale is None else np.asarray(scale, dtype=np.float64))

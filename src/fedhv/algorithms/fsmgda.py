@@ -20,16 +20,47 @@ its own minibatches (the reference continues one loader across tasks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, mean_update, one_hot_rows
+from fedhv.algorithms.method import BuildContext, Built, Method, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
+from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 from fedhv.weighting import min_norm
+
+
+@dataclass(frozen=True)
+class FSMGDAConfig:
+    """FSMGDA's hyper-parameters, the ``[fsmgda]`` section (reference notes §4.1; defaults follow
+    the reference code).
+
+    Attributes
+    ----------
+    reference_clip : bool
+        Two tasks: the reference code's ``[0.001, 0.999]`` boundary values.
+    scale_decoders : bool
+        Scale each head's update by its task weight.
+    count_decoders : bool
+        Include the heads in the min-norm problem.
+    max_iter, tol : int, float
+        Min-norm solver limits (``m >= 3``).
+    """
+
+    reference_clip: bool = True
+    scale_decoders: bool = True
+    count_decoders: bool = False
+    max_iter: int = 1000
+    tol: float = 1e-10
+
+    def check(self) -> None:
+        """Refuse solver limits that cannot converge (one line naming the keys)."""
+        if self.max_iter < 1 or not self.tol > 0:
+            raise ConfigError(f"fsmgda.max_iter = {self.max_iter} must be >= 1 and fsmgda.tol = {self.tol} > 0")
 
 
 @dataclass(frozen=True)
@@ -56,8 +87,8 @@ class FSMGDAState:
 
 
 @dataclass(frozen=True)
-class FSMGDA:
-    """FSMGDA with min-norm weights from averaged multi-step task updates.
+class FSMGDAAlgorithm:
+    """FSMGDA's round logic: min-norm weights from averaged multi-step task updates.
 
     Parameters
     ----------
@@ -65,23 +96,13 @@ class FSMGDA:
         Encoder / head positions in the flat parameter vector.
     lr_global : float
         Server learning rate ``eta_g``.
-    reference_clip : bool
-        Two tasks: the reference code's ``[0.001, 0.999]`` boundary values.
-    scale_decoders : bool
-        Scale each head's update by its task weight.
-    count_decoders : bool
-        Include the heads in the min-norm problem.
-    max_iter, tol : int, float
-        Min-norm solver limits (``m >= 3``).
+    config : FSMGDAConfig
+        The hyper-parameters.
     """
 
     slices: TaskSlices
     lr_global: float
-    reference_clip: bool = True
-    scale_decoders: bool = True
-    count_decoders: bool = False
-    max_iter: int = 1000
-    tol: float = 1e-10
+    config: FSMGDAConfig = field(default_factory=FSMGDAConfig)
     name: str = "fsmgda"
 
     def init_state(self, num_tasks: int) -> FSMGDAState:
@@ -93,16 +114,42 @@ class FSMGDA:
         assert replies.deltas is not None
         mean = mean_update(replies.deltas, replies.weights)  # [m, d]
         vectors = mean[:, self.slices.encoder]
-        if self.count_decoders:
+        c = self.config
+        if c.count_decoders:
             vectors = torch.cat([vectors] + [mean[:, h] for h in self.slices.heads], 1)
         v = vectors.double()
         gram = (v @ v.T).cpu().numpy()
-        sol = min_norm(gram, self.max_iter, self.tol, self.reference_clip)
+        sol = min_norm(gram, c.max_iter, c.tol, c.reference_clip)
         lam = torch.as_tensor(sol.weights, dtype=mean.dtype, device=mean.device)
         combined = lam @ mean  # encoder: sum_i lam_i Dbar_i; head i: lam_i Dbar_i (others' heads are 0)
-        if not self.scale_decoders:
+        if not c.scale_decoders:
             for i, h in enumerate(self.slices.heads):
                 combined[h] = mean[i, h]
         log = {"weights": sol.weights.tolist(), "min_norm_sq": sol.norm_sq}
         new_state = FSMGDAState(m, sol.weights)
         return StepResult(theta + self.lr_global * combined, new_state, log)
+
+
+@register
+@dataclass(frozen=True)
+class FSMGDA(Method):
+    """FSMGDA (Yang et al., 2023): min-norm weights of the clients' task updates.
+
+    Parameters
+    ----------
+    lr_global : float
+        Server learning rate ``eta_g`` (``[lr.fsmgda] global``).
+    config : FSMGDAConfig
+        The ``[fsmgda]`` hyper-parameters.
+    """
+
+    lr_global: float = 1.0
+    config: FSMGDAConfig = field(default_factory=FSMGDAConfig)
+    name: ClassVar[str] = "fsmgda"
+    section: ClassVar[type] = FSMGDAConfig
+    state: ClassVar[type] = FSMGDAState
+    needs_heads: ClassVar[bool] = True
+
+    def build(self, context: BuildContext) -> Built:
+        """:class:`FSMGDAAlgorithm` over the run's encoder / head split."""
+        return Built(FSMGDAAlgorithm(context.task_slices(), self.lr_global, self.config))

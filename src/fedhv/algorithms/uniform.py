@@ -11,7 +11,16 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
+from fedhv.algorithms.method import BuildContext, Built, Method, register
 from fedhv.algorithms.plain import fields, int_from_plain
+
+
+@dataclass(frozen=True)
+class UniformConfig:
+    """Uniform has no hyper-parameters: its ``[uniform]`` section is empty."""
+
+    def check(self) -> None:
+        """Nothing to check."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +42,8 @@ class UniformState:
 
 
 @dataclass(frozen=True)
-class Uniform:
-    """Fixed uniform weights; reports only when ``report`` is set (calibration)."""
+class UniformAlgorithm:
+    """Uniform's round logic: fixed uniform weights; reports only when ``report`` is set (calibration)."""
 
     lr_global: float
     report: bool = False
@@ -54,3 +63,24 @@ class Uniform:
         if replies.reports is not None:
             log["report"] = replies.reports.double().mean(0).cpu().tolist()
         return StepResult(fedavg_step(theta, replies.deltas[:, 0], self.lr_global, replies.weights), state, log)
+
+
+@register
+@dataclass(frozen=True)
+class Uniform(Method):
+    """Uniform scalarisation ``w = 1/m`` (FedAvg on the mean task loss).
+
+    Parameters
+    ----------
+    lr_global : float
+        Server learning rate ``eta_g`` (``[lr.uniform] global``).
+    """
+
+    lr_global: float = 1.0
+    name: ClassVar[str] = "uniform"
+    section: ClassVar[type] = UniformConfig
+    state: ClassVar[type] = UniformState
+
+    def build(self, context: BuildContext) -> Built:
+        """:class:`UniformAlgorithm` without reports."""
+        return Built(UniformAlgorithm(self.lr_global))

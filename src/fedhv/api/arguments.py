@@ -19,17 +19,25 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhv.checks import check_seed
+from fedhv.algorithms.method import Method
+from fedhv.checks import as_seed, check_seed  # as_seed: re-exported (it moved to fedhv.checks)
 from fedhv.devices import check_device
 from fedhv.errors import ConfigError
-from fedhv.methods import FSMGDA, FedCMOO, FedHV, Method, Uniform
+from fedhv.methods import FedHV
+from fedhv.registry import METHODS
 
-_METHODS: tuple[type, ...] = (FedHV, Uniform, FSMGDA, FedCMOO)
-_CHOICES = "fedhv.FedHV(), fedhv.Uniform(), fedhv.FSMGDA() or fedhv.FedCMOO()"
+__all__ = ["as_device", "as_method", "as_seed", "check_seed", "clients_per_round", "hv_reference", "plain_int",
+           "plain_numbers", "real", "shared_parameters"]
+
+
+def _choices() -> str:
+    """The registered methods as constructor calls, for messages."""
+    return ", ".join(f"{METHODS.get(n).__name__}()" for n in METHODS.names())
 
 
 def as_method(method: object) -> Method:
-    """``method`` itself when it is a method object; ``None`` is ``FedHV()``.
+    """``method`` itself when it is a method object (a built-in's or any :class:`fedhv.Method`
+    subclass's instance); ``None`` is ``FedHV()``.
 
     Raises
     ------
@@ -38,17 +46,18 @@ def as_method(method: object) -> Method:
     """
     if method is None:
         return FedHV()
-    if isinstance(method, _METHODS):
-        return method  # type: ignore[return-value]
-    if isinstance(method, type) and issubclass(method, _METHODS):
+    if isinstance(method, Method):
+        return method
+    if isinstance(method, type) and issubclass(method, Method):
         raise ConfigError(f"method = fedhv.{method.__name__} is the class; pass an instance: "
                           f"fedhv.{method.__name__}() (with its options as arguments)")
     if isinstance(method, str):
-        known = {cls.__name__.lower(): cls.__name__ for cls in _METHODS}
+        known = {n.lower(): METHODS.get(n).__name__ for n in METHODS.names()}
         hint = f"pass fedhv.{known[method.lower()]}()" if method.lower() in known else f"fedhv has no method " \
-            f"{method!r}; pass one of {_CHOICES}"
+            f"{method!r}; pass one of {_choices()}"
         raise ConfigError(f"method = {method!r} is a string; {hint}")
-    raise ConfigError(f"method = {method!r} ({type(method).__name__}) is not a fedhv method; pass one of {_CHOICES}")
+    raise ConfigError(f"method = {method!r} ({type(method).__name__}) is not a fedhv method; pass one of "
+                      f"{_choices()}")
 
 
 def plain_int(value: object) -> object:
@@ -78,14 +87,6 @@ def real(name: str, value: object, example: str) -> float:
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     raise ConfigError(f"{name} = {value!r} ({type(value).__name__}) is not a number; pass e.g. {name} = {example}")
-
-
-def as_seed(name: str, value: object) -> int:
-    """``value`` as a Python ``int`` seed: any integer (``numpy.int64`` too) in ``[0, 2**32 - 1]``."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = int(value)
-    check_seed(name, value)
-    return value  # type: ignore[return-value]
 
 
 def as_device(model: nn.Module, device: str | torch.device | None) -> str:

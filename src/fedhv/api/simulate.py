@@ -51,6 +51,7 @@ from fedhv.experiment.calibration import CalibrationResult, load_calibration
 from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
 from fedhv.methods import FedHV, Method
 from fedhv.metrics.summary import PAPER_HV_REFERENCE
+from fedhv.registry import METHODS
 from fedhv.safe_io import read_regular
 from fedhv.sim.local_opt import LocalTraining
 
@@ -117,9 +118,10 @@ def _check_shared(model: nn.Module, cfg: RunConfig) -> None:
         return
     first, other = pairs[0]
     names = f"{first!r} and {other!r}" + (f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else "")
-    if cfg.method in ("fsmgda", "fedcmoo"):
-        raise ConfigError(f"method = {cfg.method}: the model shares one parameter as {names}; the min-norm methods "
-                          "need each task's own head: give every task its own head module")
+    if METHODS.get(cfg.method).needs_heads:
+        raise ConfigError(f"method = {cfg.method}: the model shares one parameter as {names}; the method splits "
+                          "the model into encoder and task heads and needs each task's own head: give every task its "
+                          "own head module")
     if cfg.engine == "batched":
         raise ConfigError(f"engine = \"batched\" cannot train a model that shares one parameter as {names} (e.g. one "
                           "head for two tasks); pass engine=\"sequential\", or give every task its own head module")

@@ -11,16 +11,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedhv.errors import ConfigError
+from fedhv.registry import METHODS
 
 if TYPE_CHECKING:
     from fedhv.config.schema import RunConfig
 
-#: Methods whose every stage needs only the *mean* of the clients' replies (maskable by SecAgg+).
-#: FedHV and Uniform: one stage, mean update and mean report. FSMGDA: one stage, the per-task
-#: mean updates ``Dbar_i`` (the min-norm weights are computed from the means). FedCMOO is not
-#: one of them: its gradient stage returns every client's gradients ``G_k``, from which the
-#: server sketches ``C_k`` per client and checks the first local step ``W @ G_k`` per client.
-SECURE_METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda")
+# Which methods SecAgg+ can carry is each method's own ``secure_aggregation`` (every stage needs
+# only the *mean* of the clients' replies): FedHV and Uniform (one stage, mean update and mean
+# report), FSMGDA (the per-task mean updates ``Dbar_i``); not FedCMOO, whose gradient stage returns
+# every client's gradients ``G_k`` (:class:`fedhv.algorithms.fedcmoo.FedCMOO`).
 
 #: flwr 1.42's SecAgg+ quantizes every value to an integer in ``[0, Q]`` with ``Q = 2**22`` and
 #: sums modulo ``2**32``: ``n`` clients' sum stays below the modulus only for ``n * Q < 2**32``.
@@ -96,12 +95,13 @@ def check_flower(cfg: RunConfig) -> None:
     f = cfg.flower
     if not f.secure_aggregation:
         return
-    if cfg.method not in SECURE_METHODS:
-        why = ("FedCMOO's gradient stage needs every client's own gradients G_k (the server sketches each "
-               "and checks each first step W @ G_k), which SecAgg+ cannot mask" if cfg.method == "fedcmoo"
-               else "only methods that need nothing but the mean of the replies can be masked")
+    spec = METHODS.get(cfg.method)
+    if not getattr(spec, "secure_aggregation", False):
+        why = getattr(spec, "secure_refusal", "") or "only methods that need nothing but the mean of the replies " \
+            "can be masked"
+        able = [n for n in METHODS.names() if getattr(METHODS.get(n), "secure_aggregation", False)]
         raise ConfigError(f"flower.secure_aggregation = true with method = {cfg.method!r}: {why}; use method "
-                          f"fedhv, uniform or fsmgda, or flower.secure_aggregation = false")
+                          f"{', '.join(able)}, or flower.secure_aggregation = false")
     if cfg.train.aggregation != "mean":
         raise ConfigError(f"train.aggregation = {cfg.train.aggregation!r} with flower.secure_aggregation = true: "
                           "SecAgg+ returns only the plain mean of the masked updates; use train.aggregation = "

@@ -25,9 +25,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from fedhv import safe_io
-from fedhv.config.schema import METHODS, RunConfig
+from fedhv.config.schema import RunConfig
 from fedhv.config.validation import validate
 from fedhv.errors import ConfigError
+from fedhv.registry import METHODS
 
 PRESET_PACKAGE = "fedhv.config"
 
@@ -298,8 +299,42 @@ def build(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
     return cls(**kwargs)
 
 
+#: ``RunConfig`` fields that a TOML file sets by their own name (``sections`` is the methods' tables).
+_RUN_KEYS = tuple(_toml_key(f.name) for f in dataclasses.fields(RunConfig) if f.name != "sections")
+
+
+def method_name(name: str) -> str:
+    """``name``, or its lower case when only that is a registered method (``"FedHV"`` -> ``"fedhv"``)."""
+    if isinstance(name, str) and name not in METHODS and name.lower() in METHODS:
+        return name.lower()
+    return name
+
+
+def build_run_config(data: Mapping[str, Any]) -> RunConfig:
+    """A :class:`RunConfig` from a raw dictionary: its fields by name, and each registered method's
+    ``[name]`` table as that method's section (built and type-checked like every other table)."""
+    rest: dict[str, Any] = {}
+    sections: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _RUN_KEYS:
+            rest[key] = value
+        elif key in METHODS:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{key} must be a table (the [{key}] section of method {key!r}), got "
+                                  f"{_short(value, 80)}")
+            sections[key] = build(METHODS.get(key).section, value, key)
+        else:
+            known = [*_RUN_KEYS, *METHODS.names()]
+            hint = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"unknown config key {key!r}{suggestion} Valid keys here: {', '.join(sorted(_RUN_KEYS))}; "
+                              f"and a method's section: {', '.join(METHODS.names())}")
+    return dataclasses.replace(build(RunConfig, rest), sections=sections)
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
-    """Fill method-dependent values (learning rates from ``[lr.<method>]``)."""
+    """Fill method-dependent values: learning rates from ``[lr.<method>]``, and the method's own
+    section (its defaults when the configuration gives none), so ``config.toml`` records it."""
     rates = cfg.lr.get(cfg.method)
     lr_g = cfg.train.lr_global if cfg.train.lr_global is not None else (rates.global_ if rates else None)
     lr_l = cfg.train.lr_local if cfg.train.lr_local is not None else (rates.local if rates else None)
@@ -309,7 +344,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
             f"or add a [lr.{cfg.method}] table with 'global' and 'local'"
         )
     train = dataclasses.replace(cfg.train, lr_global=lr_g, lr_local=lr_l)
-    return dataclasses.replace(cfg, train=train)
+    return dataclasses.replace(cfg, train=train).with_section(cfg.method, cfg.section(cfg.method))
 
 
 def load_config(setting: str, overrides: Iterable[str] = (), import_code: bool = True) -> RunConfig:
@@ -317,21 +352,23 @@ def load_config(setting: str, overrides: Iterable[str] = (), import_code: bool =
 
     ``import_code=False``: a ``module:attr`` benchmark is not imported (:func:`validate`)."""
     data = apply_overrides(load_setting(setting), overrides)
-    cfg = build(RunConfig, data)
-    if cfg.method.lower() in METHODS:  # the built-in methods case-insensitively: method = "FedHV"
-        cfg = dataclasses.replace(cfg, method=cfg.method.lower())
+    cfg = build_run_config(data)
+    cfg = dataclasses.replace(cfg, method=method_name(cfg.method))  # method = "FedHV" is fedhv
     validate(cfg, import_code)
     return resolve(cfg)
 
 
 def to_dict(obj: Any) -> Any:
-    """Dataclass -> plain dict with TOML key names (``None`` fields omitted)."""
+    """Dataclass -> plain dict with TOML key names (``None`` fields omitted); a :class:`RunConfig`'s
+    method sections become top-level tables by method name (empty ones left out)."""
     if dataclasses.is_dataclass(obj):
         out = {}
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if value is not None:
+            if value is not None and not (isinstance(obj, RunConfig) and f.name == "sections"):
                 out[_toml_key(f.name)] = to_dict(value)
+        if isinstance(obj, RunConfig):
+            out.update({name: table for name, table in ((n, to_dict(v)) for n, v in obj.sections.items()) if table})
         return out
     if isinstance(obj, Mapping):
         return {k: to_dict(v) for k, v in obj.items()}
@@ -376,7 +413,7 @@ def config_from_toml_text(text: str, device: str | None = None) -> RunConfig:
     ``device``, if given, replaces the file's ``device`` before validation (a run
     resumed on another machine or GPU).
     """
-    cfg = build(RunConfig, _read_toml(text, "config.toml"))
+    cfg = build_run_config(_read_toml(text, "config.toml"))
     if device is not None:
         cfg = dataclasses.replace(cfg, device=device)
     validate(cfg)

@@ -7,12 +7,13 @@ turns them into dataclasses, rejecting unknown keys with a did-you-mean hint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fedhv.config.flower import FlowerConfig
+from fedhv.registry import METHODS as _REGISTERED
 
-#: The built-in methods (``method = ...`` accepts every name in :data:`fedhv.registry.METHODS`).
-METHODS: tuple[str, ...] = ("fedhv", "uniform", "fsmgda", "fedcmoo")
 AGGREGATIONS: tuple[str, ...] = ("mean", "samples")
 #: ``partition.sizes``: every client the same size, or log-normal sizes (cross-device).
 SIZES: tuple[str, ...] = ("equal", "lognormal")
@@ -143,53 +144,10 @@ class EvalConfig:
     hv_reference: float | tuple[float, ...] = 3.0
 
 
-@dataclass(frozen=True)
-class FedHVConfig:
-    """FedHV hyperparameters (paper B.7).
-
-    Attributes
-    ----------
-    rho_clip : float
-        Numerical slack floor ``rho_clip > 0`` of the weight map.
-    report_batches : int or "all"
-        Objective-report budget ``B_rep``: minibatches of ``train.batch_size``
-        samples, or the whole local dataset.
-    reference : "calibrate", "paper" or list of float
-        Training reference ``r``: from a calibration run, the paper's Table 6, or
-        given directly.
-    """
-
-    rho_clip: float = 1e-6
-    report_batches: int | str = "all"
-    reference: str | tuple[float, ...] = "calibrate"
-    #: ``"none"`` (the paper's map), ``"calibrated-range"`` (slack in units of each task's
-    #: ``r_i - min_t F_i^t`` over the calibration) or one positive scale per task.
-    slack_scale: str | tuple[float, ...] = "none"
-
-
-@dataclass(frozen=True)
-class FSMGDAConfig:
-    """FSMGDA options (reference notes §4.1; defaults follow the reference code)."""
-
-    reference_clip: bool = True
-    scale_decoders: bool = True
-    count_decoders: bool = False
-    max_iter: int = 1000
-    tol: float = 1e-10
-
-
-@dataclass(frozen=True)
-class FedCMOOConfig:
-    """FedCMOO options (paper B.6, reference notes §4.2)."""
-
-    estimator: str = "randsvd"
-    extra_upload: float = 1.0
-    oversample: float = 0.1
-    power_iterations: int = 2
-    weight_lr: float = 1e-3
-    weight_steps: int = 1000
-    weight_momentum: float = 0.0
-    symmetrize: bool = True
+#: The method whose configuration defines a reference calibration: it runs at that method's learning
+#: rates (``[lr.fedhv]``) and its clients report with that method's budget (``fedhv.report_batches``),
+#: exactly as FedHV's clients later do; a grid shares one calibration per family under it.
+CALIBRATION_METHOD = "fedhv"
 
 
 @dataclass(frozen=True)
@@ -320,6 +278,12 @@ class RunConfig:
     bfloat16 autocast, the rest in float32 (:mod:`fedhv.sim.precision`). ``device`` is
     ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``; it must be available (see
     :func:`fedhv.devices.check_device`).
+
+    ``sections`` holds the methods' hyper-parameter sections by method name (``[fedhv]``,
+    ``[fsmgda]``, a user method's ``[dwa]``): instances of each registered method class's
+    ``section`` dataclass (:mod:`fedhv.algorithms.method`). :meth:`section` gives a method's
+    section, or its defaults when the configuration names none; ``cfg.fedhv`` is
+    ``cfg.section("fedhv")``.
     """
 
     setting: str = "custom"
@@ -337,9 +301,6 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     lr: dict[str, LearningRates] = field(default_factory=dict)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    fedhv: FedHVConfig = field(default_factory=FedHVConfig)
-    fsmgda: FSMGDAConfig = field(default_factory=FSMGDAConfig)
-    fedcmoo: FedCMOOConfig = field(default_factory=FedCMOOConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -349,6 +310,29 @@ class RunConfig:
     #: Who started the run when not ``fedhv run`` / ``grid`` (``"fedhv.simulate"``: a Python
     #: model and data, registered in that process only); unset (omitted) otherwise.
     source: str | None = None
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    def section(self, method: str) -> Any:
+        """The ``[method]`` hyper-parameter section: the one given, else the method's defaults.
+
+        Raises
+        ------
+        ConfigError
+            For a method name that is not registered (naming the known ones).
+        """
+        given = self.sections.get(method)
+        return given if given is not None else _REGISTERED.get(method).section()
+
+    def with_section(self, method: str, value: Any) -> RunConfig:
+        """This configuration with ``[method]`` set to ``value`` (an instance of the method's section)."""
+        return replace(self, sections={**self.sections, method: value})
+
+    def __getattr__(self, name: str) -> Any:
+        # ``cfg.fedhv``, ``cfg.fsmgda``: a registered method's section (only for names that are not
+        # fields; dunder and private names never reach the registry, so copying and pickling work).
+        if name.startswith("_") or "sections" not in self.__dict__ or name not in _REGISTERED:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+        return self.section(name)
 
     @property
     def lr_global(self) -> float:
@@ -361,3 +345,12 @@ class RunConfig:
         """Local learning rate ``eta_l`` of the run's method."""
         assert self.train.lr_local is not None, "config not resolved"
         return self.train.lr_local
+
+
+def __getattr__(name: str) -> Any:
+    # The methods' sections live with their methods (fedhv.algorithms.*); the old names resolve there.
+    if name in ("FedHVConfig", "FSMGDAConfig", "FedCMOOConfig"):
+        import importlib
+
+        return getattr(importlib.import_module("fedhv.algorithms"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

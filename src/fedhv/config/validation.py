@@ -100,6 +100,19 @@ def _positive(name: str, value: float, fix: str = "") -> None:
         raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
 
 
+def _sections(cfg: RunConfig) -> None:
+    """Each method section: a registered method's, of its section type, passing its own ``check()``
+    (the run's method's section is checked even when only its defaults apply)."""
+    for name, section in cfg.sections.items():
+        spec = REGISTERED_METHODS.get(name)
+        if not isinstance(section, spec.section):
+            raise ConfigError(f"[{name}] is a {type(section).__name__}, not method {name!r}'s section "
+                              f"{spec.section.__name__}; build it as {spec.section.__name__}(...)")
+        section.check()
+    if cfg.method not in cfg.sections:
+        cfg.section(cfg.method).check()
+
+
 def validate_partition_keys(cfg: RunConfig) -> None:
     """The checks of the values a partition depends on (``data.val_fraction``, ``partition.*``
     sizes and concentration); part of :func:`validate`, and all that ``fedhv partition-stats``
@@ -133,7 +146,11 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
         Naming the parameter, the value and the fix.
     """
     REGISTERED_METHODS.get(cfg.method)  # one line naming the key, the value, the known methods and the fix
-    _finite_floats(cfg, "")
+    for f in dataclasses.fields(cfg):
+        if f.name != "sections":
+            _finite_floats(getattr(cfg, f.name), f.name.rstrip("_"))
+    for name, section in cfg.sections.items():
+        _finite_floats(section, name)
     _choice("engine", cfg.engine, ENGINES)
     _choice("dtype", cfg.dtype, DTYPES)
     check_device(cfg.device)
@@ -223,37 +240,7 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
             f"eval.test_period = {e.test_period} with eval.final = false and rounds = {cfg.rounds} never evaluates "
             "the test set; set eval.final = true or eval.test_period between 1 and rounds"
         )
-    h = cfg.fedhv
-    _positive("fedhv.rho_clip", h.rho_clip, "the slack floor must be positive, e.g. 1e-6")
-    if isinstance(h.report_batches, str):
-        if h.report_batches != "all":
-            raise ConfigError(
-                f"fedhv.report_batches = {h.report_batches!r}: use \"all\" or a positive integer"
-            )
-    elif h.report_batches < 1:
-        raise ConfigError(f"fedhv.report_batches = {h.report_batches} must be >= 1 or \"all\"")
-    if isinstance(h.reference, str):
-        _choice("fedhv.reference", h.reference, ("calibrate", "paper"))
-    else:
-        for i, r in enumerate(h.reference):
-            if not r > 0:
-                raise ConfigError(
-                    f"fedhv.reference[{i}] = {r} gives a non-positive slack r_i - f_i for any "
-                    "non-negative loss; give a reference above the task losses or use "
-                    "fedhv.reference = \"calibrate\""
-                )
-    f = cfg.fsmgda
-    if f.max_iter < 1 or not f.tol > 0:
-        raise ConfigError(f"fsmgda.max_iter = {f.max_iter} must be >= 1 and fsmgda.tol = {f.tol} > 0")
-    g = cfg.fedcmoo
-    _choice("fedcmoo.estimator", g.estimator, ("randsvd", "randsvd-direct"))
-    _positive("fedcmoo.extra_upload", g.extra_upload)
-    _positive("fedcmoo.weight_lr", g.weight_lr)
-    if g.oversample < 0 or g.power_iterations < 0 or g.weight_steps < 1 or not 0 <= g.weight_momentum < 1:
-        raise ConfigError(
-            "fedcmoo: oversample and power_iterations must be >= 0, weight_steps >= 1, weight_momentum in [0, 1); "
-            f"got {g.oversample}, {g.power_iterations}, {g.weight_steps}, {g.weight_momentum}"
-        )
+    _sections(cfg)
     c = cfg.calibration
     if c.rounds < 1:
         raise ConfigError(f"calibration.rounds = {c.rounds} must be >= 1")

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from fedhv import safe_io
-from fedhv.algorithms.uniform import Uniform
-from fedhv.config.schema import RunConfig
+from fedhv.algorithms.uniform import UniformAlgorithm
+from fedhv.config.schema import CALIBRATION_METHOD, RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import FedHVError
 from fedhv.experiment.divergence import check_calibration_round, lr_hint
@@ -155,7 +155,8 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
         records[current] = []
         model = new_model(cfg, data, seed)
         engine = make_engine(cfg, model, data, seed, stream="calibration")
-        algorithm = Uniform(lr_global=cfg.lr_global, report=True, report_batches=cfg.fedhv.report_batches)
+        algorithm = UniformAlgorithm(lr_global=cfg.lr_global, report=True,
+                                     report_batches=cfg.section(CALIBRATION_METHOD).report_batches)
         run_rounds(
             algorithm, engine, data, get_flat(model).clone(), c.rounds,
             cfg.train.clients_per_round, seed, "calibration", on_round, validation=cfg.validation,

@@ -42,21 +42,33 @@ import numpy as np
 import torch
 
 from fedhv import safe_io
-from fedhv.algorithms.fedcmoo import FedCMOOState
-from fedhv.algorithms.fedhv import FedHVState
-from fedhv.algorithms.fsmgda import FSMGDAState
 from fedhv.algorithms.plain import StateError
-from fedhv.algorithms.uniform import UniformState
 from fedhv.errors import FedHVError
 from fedhv.experiment.accounting import RunTotals
+from fedhv.registry import METHODS
 from fedhv.results.rundir import open_nofollow, write_atomic_with
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: 1: pickled Python objects (read with ``weights_only=False``); 2: plain data + digest.
 FORMAT = 2
 
-#: Algorithm state classes by their ``kind``.
-STATE_KINDS: dict[str, Any] = {cls.kind: cls for cls in (FedHVState, FedCMOOState, FSMGDAState, UniformState)}
+
+def state_kinds() -> dict[str, Any]:
+    """Algorithm state classes by their ``kind``: every registered method's ``state`` (the built-ins,
+    registered and installed methods alike)."""
+    kinds: dict[str, Any] = {}
+    for name in METHODS.names():
+        state = getattr(METHODS.get(name), "state", None)
+        if state is not None and hasattr(state, "kind"):
+            kinds.setdefault(state.kind, state)
+    return kinds
+
+
+def __getattr__(name: str) -> Any:
+    if name == "STATE_KINDS":  # the earlier constant: now read from the registry when asked
+        return state_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 _FIELDS = ("round", "theta", "state", "totals", "last_eval", "offsets", "elapsed_s", "config_sha256", "rng")
 
 
@@ -213,19 +225,22 @@ def _state_to_plain(state: Any) -> dict[str, Any] | None:
     if state is None:
         return None
     kind = getattr(type(state), "kind", None)
-    if kind not in STATE_KINDS or not isinstance(state, STATE_KINDS[kind]):
-        raise TypeError(f"{type(state).__name__} has no plain-data form; give it kind, to_plain and from_plain")
+    kinds = state_kinds()
+    if kind not in kinds or not isinstance(state, kinds[kind]):
+        raise TypeError(f"{type(state).__name__} has no plain-data form; give it kind, to_plain and from_plain "
+                        "and name it as its method class's `state`")
     return {"kind": kind, "data": state.to_plain()}
 
 
 def _state_from_plain(plain: Any, path: Path) -> Any:
     if plain is None:
         return None
-    if not isinstance(plain, dict) or set(plain) != {"kind", "data"} or plain["kind"] not in STATE_KINDS:
+    kinds = state_kinds()
+    if not isinstance(plain, dict) or set(plain) != {"kind", "data"} or plain["kind"] not in kinds:
         kind = plain.get("kind") if isinstance(plain, dict) else plain
-        raise ResumeError(f"{path}: unknown algorithm state {kind!r} (known: {sorted(STATE_KINDS)}); {_DELETE}")
+        raise ResumeError(f"{path}: unknown algorithm state {kind!r} (known: {sorted(kinds)}); {_DELETE}")
     try:
-        return STATE_KINDS[plain["kind"]].from_plain(plain["data"])
+        return kinds[plain["kind"]].from_plain(plain["data"])
     except StateError as exc:
         raise ResumeError(f"{path}: invalid algorithm state: {exc}; {_DELETE}") from None
 

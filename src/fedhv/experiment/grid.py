@@ -44,7 +44,7 @@ from typing import Any
 
 from fedhv.config import load_config, preset_names, to_dict
 from fedhv.config.flower import refuse_in_simulator
-from fedhv.config.schema import RunConfig
+from fedhv.config.schema import CALIBRATION_METHOD, RunConfig
 from fedhv.errors import ConfigError
 from fedhv.experiment.grid_check import (  # noqa: F401 - re-exported
     IGNORED_KEYS,
@@ -54,6 +54,7 @@ from fedhv.experiment.grid_check import (  # noqa: F401 - re-exported
     job_state,
 )
 from fedhv.experiment.grid_worker import JobCancelled, guarded, init_worker, spawning_workers, stop_workers
+from fedhv.registry import METHODS
 from fedhv.results.rundir import open_nofollow, write_json
 from fedhv.results.runfiles import read_bytes_nofollow
 from fedhv.safe_path import safe_child_path
@@ -113,7 +114,7 @@ def calibration_key(cfg: RunConfig) -> str:
         "partition": to_dict(cfg.calibration.partition_for(cfg.partition)),
         "calibration": to_dict(cfg.calibration),
         "train": to_dict(cfg.train),
-        "report_batches": cfg.fedhv.report_batches,
+        "report_batches": cfg.section(CALIBRATION_METHOD).report_batches,
         "engine": cfg.engine,
         "dtype": cfg.dtype,
     }
@@ -166,17 +167,17 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                         if variant is not None:
                             folder = folder / f"{variant[0].split('.')[-1]}={variant[1]}"
                         cal_path = None
-                        if method == "fedhv" and cfg.fedhv.reference == "calibrate":
+                        if METHODS.get(cfg.method).from_config(cfg).uses_calibration():
                             # The variant does not change the reference (paper: one per family).
-                            base = load_config(source, (*overrides, 'method="fedhv"'))
+                            base = load_config(source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"))
                             key = calibration_key(base)
                             path = out / "calibration" / f"{base.data.benchmark}-{key}.json"
                             cal_path = str(path)
                             if cal_path not in calibrations:
                                 c = base.calibration
                                 calibrations[cal_path] = CalibrationJob(
-                                    source, (*overrides, 'method="fedhv"'), cal_path, c.rounds * len(c.seeds)
-                                )
+                                    source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"), cal_path,
+                                    c.rounds * len(c.seeds))
                         jobs.append(Job(name, source, method, seed, str(folder / method / f"s{seed}"),
                                         tuple(job_over), sweep, variant, cal_path, cfg.rounds))
     return jobs, list(calibrations.values())

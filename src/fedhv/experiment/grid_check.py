@@ -67,11 +67,16 @@ def config_differences(job: Job) -> dict[str, tuple[Any, Any]]:
     left out. Returns ``{key: (value in the run, value in the job)}``, ``None`` for unset;
     an unreadable ``config.toml`` is reported under the key ``"config.toml"``.
     """
-    wanted = _flatten(to_dict(load_config(job.source, job.overrides)))
+    job_cfg = load_config(job.source, job.overrides)
     try:
-        found = _flatten(to_dict(config_from_toml_text(read_bytes_nofollow(Path(job.run_dir) / "config.toml").decode())))
+        run_cfg = config_from_toml_text(read_bytes_nofollow(Path(job.run_dir) / "config.toml").decode())
     except (OSError, FedHVError) as exc:
         return {"config.toml": (f"unreadable ({exc})", "a valid run configuration")}
+    # A method section one side leaves out holds its defaults (a run written before config.toml kept
+    # only the sections it names recorded every built-in method's): compare both with all of them.
+    for name in {*job_cfg.sections, *run_cfg.sections}:
+        job_cfg, run_cfg = (c.with_section(name, c.section(name)) for c in (job_cfg, run_cfg))
+    wanted, found = _flatten(to_dict(job_cfg)), _flatten(to_dict(run_cfg))
     keys = sorted((set(wanted) | set(found)) - {k for k in set(wanted) | set(found) if _ignored(k)})
     return {k: (found.get(k), wanted.get(k)) for k in keys if found.get(k) != wanted.get(k)}
 

@@ -1,26 +1,28 @@
-"""The built-in methods' setup factories, registered in :data:`fedhv.registry.METHODS`.
+"""The composition of a run's method: the configured method class, built against this run.
 
-A setup factory ``(cfg, data, progress, calibration, federation_factory) -> MethodSetup``
-builds the configured method's algorithm through the public method objects
-(:mod:`fedhv.api.methods`, one construction for both).
-
-FedHV's reference is resolved here: calibrated (paper §3.2, B.8), the paper's
-Table 6, or given directly (checked against the task count and the initial losses).
+:func:`build_method` looks the method up by name (:data:`fedhv.registry.METHODS`: the built-ins
+and any registered or installed method class), makes its object from the configuration
+(:meth:`fedhv.Method.from_config`) and builds it (:meth:`fedhv.Method.build`) with a
+:class:`RunContext`, this run's implementation of :class:`fedhv.algorithms.method.BuildContext`:
+the task count and seed, the encoder / head split, the initial losses and the reference
+calibration (paper §3.2, B.8: a given or shared one is checked and reused, otherwise one is run,
+through ``federation_factory`` when given).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedhv import methods as api
 from fedhv.algorithms.base import Algorithm
+from fedhv.algorithms.fedhv import FedHV
+from fedhv.algorithms.method import Method
 from fedhv.checks import check_heads, head_keys
-from fedhv.config.schema import RunConfig
+from fedhv.config.schema import CALIBRATION_METHOD, RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
@@ -30,11 +32,7 @@ from fedhv.experiment.setup import federated_data, new_model
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
 from fedhv.objectives import nonnegative_losses
-from fedhv.paper import REFERENCES
 from fedhv.registry import METHODS
-
-#: FedHV and Uniform do not split the model into encoder and heads.
-_NO_SLICES = cast(TaskSlices, None)
 
 
 @dataclass
@@ -59,111 +57,96 @@ def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray
     return losses.double().mean(0).cpu().numpy()
 
 
+@dataclass
+class RunContext:
+    """This run's :class:`~fedhv.algorithms.method.BuildContext`: what a method may ask for while it
+    is built. Each service runs at most once and only when asked (a method that needs no encoder /
+    head split never builds a model for one; no calibration runs unless a method asks for it)."""
+
+    cfg: RunConfig
+    data: FederatedData
+    progress: ProgressFactory | None = None
+    given_calibration: CalibrationResult | None = None
+    federation_factory: FederationFactory | None = None
+    _calibration: CalibrationResult | None = field(default=None, init=False)
+
+    @property
+    def num_tasks(self) -> int:
+        return self.data.num_tasks
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return tuple(self.data.task_names)
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+    @property
+    def benchmark(self) -> str:
+        return self.cfg.data.benchmark
+
+    def task_slices(self) -> TaskSlices:
+        """Encoder and head positions of the model; a user's module must hold one head per task in
+        its ``heads`` submodule (:func:`fedhv.checks.check_heads`)."""
+        cfg, data = self.cfg, self.data
+        model = new_model(cfg, data, cfg.seed)
+        user = getattr(model, "module", None)
+        keys = None
+        if isinstance(user, torch.nn.Module) and hasattr(model, "heads_name"):
+            check_heads(user, model.heads_name, data.num_tasks, needed=True, explicit=False,
+                        task_names=data.task_names)
+            keys = head_keys(getattr(user, model.heads_name), data.task_names)
+        return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix, keys).to(cfg.device)
+
+    def initial_losses(self) -> np.ndarray:
+        return initial_losses(self.cfg, self.data, self.cfg.seed)
+
+    def calibration(self) -> CalibrationResult:
+        """The given calibration (a resumed run's, or one shared across a grid), checked; else a fresh
+        one on ``calibration.partition_*`` (run through ``federation_factory`` when given). Either is
+        refused when its reports are non-finite or grew more than tenfold
+        (:func:`fedhv.experiment.divergence.check_calibration_reports`)."""
+        if self._calibration is not None:
+            return self._calibration
+        cfg, data, m = self.cfg, self.data, self.data.num_tasks
+        result = self.given_calibration
+        if result is not None and len(result.reference) != m:
+            raise ConfigError(f"the given calibration has {len(result.reference)} reference values but "
+                              f"{cfg.data.benchmark} has {m} tasks; calibrate again")
+        if result is None:
+            cal_data = data
+            p = cfg.calibration.partition_for(cfg.partition)
+            if p != cfg.partition:
+                if self.federation_factory is not None:
+                    raise ConfigError(
+                        f"calibration.partition ({p}) differs from the training partition, which is all the "
+                        "federation's clients hold; set fedhv.reference (a list of values or \"paper\"), e.g. "
+                        "from a `fedhv run` calibration.json"
+                    )
+                cal_data = federated_data(dataclasses.replace(cfg, partition=p))
+            result = calibrate(cfg, cal_data, self.progress, self.federation_factory)
+        check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global),
+                                  nonnegative_losses(data.objective, m))
+        self._calibration = result
+        return result
+
+
+def method_of(cfg: RunConfig) -> Method:
+    """The configured method's object (its class looked up by ``method``, its options from the config)."""
+    method: Method = METHODS.get(cfg.method).from_config(cfg)
+    return method
+
+
 def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
                       calibration: CalibrationResult | None = None,
                       federation_factory: FederationFactory | None = None,
                       ) -> tuple[np.ndarray, str, CalibrationResult | None]:
-    """FedHV's training reference ``r`` and where it came from.
-
-    A given ``calibration`` (a resumed run's, or one shared across a grid) is reused
-    instead of calibrating again when ``fedhv.reference = "calibrate"``. A calibration,
-    given or fresh, whose reports are non-finite or grew more than tenfold is refused
-    (:func:`fedhv.experiment.divergence.check_calibration_reports`). A fresh
-    calibration runs its rounds through ``federation_factory`` when given (e.g. over
-    Flower, whose nodes hold only the training partition).
-    """
-    m = data.num_tasks
-    spec = cfg.fedhv.reference
-    if spec == "calibrate" and calibration is not None:
-        if len(calibration.reference) != m:
-            raise ConfigError(
-                f"the given calibration has {len(calibration.reference)} reference values but "
-                f"{cfg.data.benchmark} has {m} tasks; calibrate again"
-            )
-        check_calibration_reports(calibration.reports, calibration.reference, lr_hint(cfg.lr_local, cfg.lr_global),
-                                  nonnegative_losses(data.objective, m))
-        return np.asarray(calibration.reference), "calibration", calibration
-    if spec == "calibrate":
-        cal_data = data
-        p = cfg.calibration.partition_for(cfg.partition)
-        if p != cfg.partition:
-            if federation_factory is not None:
-                raise ConfigError(
-                    f"calibration.partition ({p}) differs from the training partition, which is all the "
-                    "federation's clients hold; set fedhv.reference (a list of values or \"paper\"), e.g. from "
-                    "a `fedhv run` calibration.json"
-                )
-            cal_data = federated_data(dataclasses.replace(cfg, partition=p))
-        result = calibrate(cfg, cal_data, progress, federation_factory)
-        check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global),
-                                  nonnegative_losses(data.objective, m))
-        return np.asarray(result.reference), "calibration", result
-    if spec == "paper":
-        if cfg.data.benchmark not in REFERENCES:
-            raise ConfigError(
-                f"fedhv.reference = \"paper\": the paper gives no reference for {cfg.data.benchmark!r}; "
-                "use \"calibrate\" or a list of values"
-            )
-        ref, source = np.asarray(REFERENCES[cfg.data.benchmark]), "paper Table 6"
-    else:
-        ref, source = np.asarray(spec, dtype=np.float64), "given"
-    if len(ref) != m:
-        raise ConfigError(
-            f"fedhv.reference has {len(ref)} values but {cfg.data.benchmark} has {m} tasks "
-            f"({', '.join(data.task_names)}); give one value per task"
-        )
-    f0 = initial_losses(cfg, data, cfg.seed)
-    bad = [i for i in range(m) if ref[i] - f0[i] <= 0]
-    if bad:
-        detail = ", ".join(f"r[{i}] = {ref[i]:.4g} <= f[{i}] = {f0[i]:.4g}" for i in bad)
-        raise ConfigError(
-            f"fedhv.reference gives a non-positive slack at the initial model ({detail}); the weight map "
-            "needs r_i > f_i. Raise those entries above the initial losses or use fedhv.reference = \"calibrate\""
-        )
-    return ref, source, None
-
-
-@METHODS.register("fedhv")
-def _fedhv(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-           calibration: CalibrationResult | None = None,
-           federation_factory: FederationFactory | None = None) -> MethodSetup:
-    ref, source, cal = resolve_reference(cfg, data, progress, calibration, federation_factory)
-    method = api.FedHV(cfg.lr_global, ref.tolist(), cfg.fedhv.rho_clip, cfg.fedhv.report_batches,
-                       slack_scale=cfg.fedhv.slack_scale)
-    return MethodSetup(method.build(ref.tolist(), _NO_SLICES, cfg.seed, cal), ref.tolist(), source, cal)
-
-
-@METHODS.register("uniform")
-def _uniform(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-             calibration: CalibrationResult | None = None,
-             federation_factory: FederationFactory | None = None) -> MethodSetup:
-    return MethodSetup(api.Uniform(cfg.lr_global).build(None, _NO_SLICES, cfg.seed))
-
-
-def _slices(cfg: RunConfig, data: FederatedData) -> TaskSlices:
-    """Encoder and head positions of the model (FSMGDA, FedCMOO); a user's module must hold one head
-    per task in its ``heads`` submodule (:func:`fedhv.checks.check_heads`)."""
-    model = new_model(cfg, data, cfg.seed)
-    user = getattr(model, "module", None)
-    keys = None
-    if isinstance(user, torch.nn.Module) and hasattr(model, "heads_name"):
-        check_heads(user, model.heads_name, data.num_tasks, needed=True, explicit=False, task_names=data.task_names)
-        keys = head_keys(getattr(user, model.heads_name), data.task_names)
-    return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix, keys).to(cfg.device)
-
-
-@METHODS.register("fsmgda")
-def _fsmgda(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-            calibration: CalibrationResult | None = None,
-            federation_factory: FederationFactory | None = None) -> MethodSetup:
-    return MethodSetup(api.FSMGDA(cfg.lr_global, cfg.fsmgda).build(None, _slices(cfg, data), cfg.seed))
-
-
-@METHODS.register("fedcmoo")
-def _fedcmoo(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-             calibration: CalibrationResult | None = None,
-             federation_factory: FederationFactory | None = None) -> MethodSetup:
-    return MethodSetup(api.FedCMOO(cfg.lr_global, cfg.fedcmoo).build(None, _slices(cfg, data), cfg.seed))
+    """FedHV's training reference ``r`` for ``cfg`` (``[fedhv]``, ``[calibration]``), where it came
+    from, and the calibration behind it (:meth:`fedhv.algorithms.fedhv.FedHV.resolve_reference`)."""
+    context = RunContext(cfg, data, progress, calibration, federation_factory)
+    ref, source, cal = FedHV.from_config(cfg).resolve_reference(context)
+    return ref, source, cal  # type: ignore[return-value]
 
 
 def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: MethodSetup,
@@ -178,7 +161,7 @@ def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: Method
         setup.diagnostics_reference = list(setup.reference)
         return
     fedhv_cfg = cfg
-    rates = cfg.lr.get("fedhv")
+    rates = cfg.lr.get(CALIBRATION_METHOD)
     if rates is not None:
         fedhv_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_global=rates.global_,
                                                                        lr_local=rates.local))
@@ -189,7 +172,11 @@ def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: Method
 
 def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
                  calibration: CalibrationResult | None = None,
-                 federation_factory: FederationFactory | None = None) -> MethodSetup:
-    """Build the configured method's algorithm (running calibration if needed and not given;
-    its rounds through ``federation_factory`` when given)."""
-    return METHODS.get(cfg.method)(cfg, data, progress, calibration, federation_factory)
+                 federation_factory: FederationFactory | None = None, method: Any = None) -> MethodSetup:
+    """Build the configured method's algorithm (or ``method``'s, an object of the configured class
+    given by the caller) against this run (running a calibration if it asks for one and none is
+    given; its rounds through ``federation_factory`` when given)."""
+    context = RunContext(cfg, data, progress, calibration, federation_factory)
+    built = (method if method is not None else method_of(cfg)).build(context)
+    return MethodSetup(built.algorithm, None if built.reference is None else list(built.reference),
+                       built.reference_source, built.calibration)  # type: ignore[arg-type]

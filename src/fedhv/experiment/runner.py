@@ -323,7 +323,7 @@ def _diagnostics(cfg: RunConfig, data: FederatedData, setup: MethodSetup, path: 
     if not cfg.diagnostics.enabled:
         return None
     assert setup.diagnostics_reference is not None
-    diagnostics = Diagnostics(cfg.diagnostics, data, setup.diagnostics_reference, cfg.fedhv.rho_clip,
+    diagnostics = Diagnostics(cfg.diagnostics, data, setup.diagnostics_reference, cfg.section("fedhv").rho_clip,
                               cfg.eval.batch_size)
     if ckpt is not None:
         from fedhv.results.collect import read_records

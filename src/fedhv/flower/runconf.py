@@ -17,7 +17,7 @@ import tomllib
 
 from fedhv.config import load_config
 from fedhv.config.flower import MAX_NODES, refuse_on_flower
-from fedhv.config.loader import _toml_value, apply_overrides, build, load_setting
+from fedhv.config.loader import _toml_value, apply_overrides, build_run_config, load_setting
 from fedhv.config.schema import RunConfig
 from fedhv.flower.procs import FlowerRunError
 
@@ -40,7 +40,7 @@ def local_config(setting: str, nodes: int, overrides: Sequence[str] = ()) -> Run
     if nodes > MAX_NODES:
         raise FlowerRunError(f"--nodes {nodes}: at most {MAX_NODES} SuperNodes (one per client); give fewer")
     extra = [f"partition.clients={nodes}"]
-    base = build(RunConfig, apply_overrides(load_setting(setting), [*overrides, *extra]))  # not validated yet
+    base = build_run_config(apply_overrides(load_setting(setting), [*overrides, *extra]))  # not validated yet
     if base.train.clients_per_round > nodes:
         extra.append(f"train.clients_per_round={nodes}")
     cfg = load_config(setting, [*overrides, *extra])

@@ -37,12 +37,11 @@ def paper_stat(*path: str | int) -> Stat | None:
 @cache
 def _preset(setting: str) -> dict[str, Any] | None:
     """The bundled preset ``setting`` with its defaults filled in (no validation, no torch), or None."""
-    from fedhv.config.loader import build, load_setting, preset_names, to_dict
-    from fedhv.config.schema import RunConfig
+    from fedhv.config.loader import build_run_config, load_setting, preset_names, to_dict
 
     if setting not in preset_names():
         return None
-    data: dict[str, Any] = to_dict(build(RunConfig, load_setting(setting)))
+    data: dict[str, Any] = to_dict(build_run_config(load_setting(setting)))
     return data
 
 

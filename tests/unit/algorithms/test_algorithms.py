@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms import FedHV, Replies, Uniform
+from fedhv.algorithms import FedHVAlgorithm, Replies, UniformAlgorithm
 from fedhv.experiment.calibration import calibrate
 from fedhv.weighting import hv_weights
 
@@ -15,7 +15,7 @@ from helpers import ScriptedFederation, small_config, small_data
 
 def test_fedhv_round_logic() -> None:
     ref = np.array([2.5, 2.4])
-    alg = FedHV(ref, lr_global=1.2)
+    alg = FedHVAlgorithm(ref, lr_global=1.2)
     state = alg.init_state(2)
     np.testing.assert_array_equal(state.weights, [0.5, 0.5])  # w^0 = 1/m
     theta = torch.zeros(4, dtype=torch.float64)
@@ -41,7 +41,7 @@ def test_fedhv_round_logic() -> None:
 
 
 def test_fedhv_floor_activation_is_counted() -> None:
-    alg = FedHV(np.array([2.0, 2.0]), lr_global=1.0, rho_clip=1e-6)
+    alg = FedHVAlgorithm(np.array([2.0, 2.0]), lr_global=1.0, rho_clip=1e-6)
     replies = Replies(np.array([0]), reports=torch.tensor([[2.5, 1.0]]), deltas=torch.zeros(1, 1, 3))
     res = alg.round(alg.init_state(2), torch.zeros(3), ScriptedFederation(np.array([0]), [replies]))
     assert res.log["floor_activations"] == 1 and res.log["min_slack"] == pytest.approx(-0.5)
@@ -49,7 +49,7 @@ def test_fedhv_floor_activation_is_counted() -> None:
 
 
 def test_uniform_has_fixed_weights_and_no_reports() -> None:
-    alg = Uniform(lr_global=1.0)
+    alg = UniformAlgorithm(lr_global=1.0)
     fed = ScriptedFederation(np.array([0]), [Replies(np.array([0]), deltas=torch.ones(1, 1, 2))])
     res = alg.round(alg.init_state(3), torch.zeros(2), fed)
     (req,) = fed.requests
@@ -80,11 +80,11 @@ def _slices(d_enc: int, head: int, m: int = 2):  # type: ignore[no-untyped-def]
 
 
 def test_fsmgda_round_logic() -> None:
-    from fedhv.algorithms.fsmgda import FSMGDA
+    from fedhv.algorithms.fsmgda import FSMGDAAlgorithm, FSMGDAConfig
     from fedhv.weighting import min_norm_two
 
     slices = _slices(2, 1)  # theta = [enc0, enc1, head0, head1]
-    alg = FSMGDA(slices, lr_global=2.0)
+    alg = FSMGDAAlgorithm(slices, lr_global=2.0)
     # Two clients; task 0 moves enc + head0, task 1 moves enc + head1.
     deltas = torch.tensor(
         [[[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 1.0]], [[1.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 3.0]]],
@@ -100,18 +100,18 @@ def test_fsmgda_round_logic() -> None:
     expected = 2.0 * np.array([0.8 * 1.0, 0.2 * 2.0, 0.8 * 0.5, 0.2 * 2.0])
     np.testing.assert_allclose(res.theta.numpy(), expected)
     # Without scale_decoders the heads take the full averaged task update.
-    alg2 = FSMGDA(slices, lr_global=2.0, scale_decoders=False)
+    alg2 = FSMGDAAlgorithm(slices, lr_global=2.0, config=FSMGDAConfig(scale_decoders=False))
     fed2 = ScriptedFederation(np.array([0, 1]), [Replies(np.array([0, 1]), deltas=deltas)])
     res2 = alg2.round(alg2.init_state(2), torch.zeros(4, dtype=torch.float64), fed2)
     np.testing.assert_allclose(res2.theta.numpy()[2:], 2.0 * np.array([0.5, 2.0]))
 
 
 def test_fedcmoo_round_structure() -> None:
-    from fedhv.algorithms.fedcmoo import FedCMOO, find_weights
+    from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, find_weights, FedCMOOConfig
 
     d = 50
     slices = _slices(d - 2, 1)
-    alg = FedCMOO(slices, lr_global=1.5, estimator="randsvd-direct", extra_upload=4.0)
+    alg = FedCMOOAlgorithm(slices, lr_global=1.5, config=FedCMOOConfig(estimator="randsvd-direct", extra_upload=4.0))
     gen = torch.Generator().manual_seed(0)
     grads = torch.randn(3, 2, d, generator=gen, dtype=torch.float64)
     deltas = torch.randn(3, 1, d, generator=gen, dtype=torch.float64)

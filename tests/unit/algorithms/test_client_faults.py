@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedhv.algorithms import FedHV
-from fedhv.algorithms.fedcmoo import FedCMOO
+from fedhv.algorithms import FedHVAlgorithm
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOConfig
 from fedhv.algorithms.validation import ClientReply, NoValidReplies, ReplySpec, reply_problem
 from fedhv.experiment import run_experiment
 from fedhv.experiment.loop import run_rounds
@@ -119,7 +119,7 @@ def test_aggregation_uses_only_the_valid_clients(engine_name: str) -> None:
     """
     _, _data, model, engine = _setup("train.clients_per_round=6", f"engine=\"{engine_name}\"")
     theta = get_flat(model).clone()
-    alg = FedHV(np.array([3.0, 3.0]), lr_global=1.0)
+    alg = FedHVAlgorithm(np.array([3.0, 3.0]), lr_global=1.0)
     state = alg.init_state(2)
     faults = FaultInjector(client_dropout=0.3, corrupt_reports=0.3, corrupt_updates=0.2, seed=0)
     clients = np.arange(6)
@@ -149,7 +149,7 @@ def test_aggregation_uses_only_the_valid_clients(engine_name: str) -> None:
 def test_round_without_valid_clients_keeps_model_and_weights() -> None:
     _, data, model, engine = _setup()
     theta = get_flat(model).clone()
-    alg = FedHV(np.array([3.0, 3.0]), lr_global=1.0)
+    alg = FedHVAlgorithm(np.array([3.0, 3.0]), lr_global=1.0)
     records = []
     faults = FaultInjector(corrupt_reports=0.999, seed=0)
     out, state = run_rounds(alg, engine, data, theta, 2, 4, 0, "train",
@@ -164,7 +164,7 @@ def test_fedcmoo_survives_faults_between_its_stages() -> None:
     """Clients rejected in the gradient stage are not asked to train; the model stays finite."""
     _, data, model, engine = _setup("train.clients_per_round=6")
     slices = TaskSlices.of(ParamLayout.of(model), 2, model.head_prefix)
-    alg = FedCMOO(slices, lr_global=1.0, weight_steps=20)
+    alg = FedCMOOAlgorithm(slices, lr_global=1.0, config=FedCMOOConfig(weight_steps=20))
     faults = FaultInjector(client_dropout=0.2, corrupt_updates=0.3, seed=1)
     records = []
     theta, state = run_rounds(alg, engine, data, get_flat(model).clone(), 4, 6, 0, "train",

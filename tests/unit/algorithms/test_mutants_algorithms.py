@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms import Replies, Uniform
-from fedhv.algorithms.fedcmoo import FedCMOO, FedCMOOState
+from fedhv.algorithms import Replies, UniformAlgorithm
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOState, FedCMOOConfig
 from fedhv.algorithms.fedhv import FedHVState
-from fedhv.algorithms.fsmgda import FSMGDA, FSMGDAState
+from fedhv.algorithms.fsmgda import FSMGDAAlgorithm, FSMGDAState, FSMGDAConfig
 from fedhv.algorithms.plain import StateError
 from fedhv.algorithms.uniform import UniformState
 from fedhv.algorithms.validation import ClientReply, ReplySpec, is_non_finite, norm_outliers, row_norms
@@ -36,7 +36,7 @@ def test_fedcmoo_one_client_round_counts_the_sketch_bytes_by_hand() -> None:
     """k = 1, d_enc = 800, m = 2: near-square 40 x 40, r = 10; factors (40 + 40) * 10 float64."""
     grads = _gradients("noise", 1, 2, 800, 3)
     fed = ScriptedFederation(np.array([7]), [])
-    alg = FedCMOO(_slices(800, 3), lr_global=1.0, seed=5)
+    alg = FedCMOOAlgorithm(_slices(800, 3), lr_global=1.0, seed=5)
     alg.gram_estimate(grads, np.array([7]), 0, fed)
     factors = (40 + 40) * 10 * 8
     assert fed.up == factors + 2 * 2 * 8 + (2 * 2 * 2 + 2) * 8  # C_k factors + local Gram; D^T(sumC - C), D^T D, norms
@@ -70,8 +70,7 @@ def test_fedcmoo_round_uses_its_round_counter_and_momentum(round_idx: int) -> No
     d_enc, head, seed = 800, 3, 5
     grads = _gradients("noise", 3, 2, d_enc, head)
     clients = np.array([2, 11, 5])
-    alg = FedCMOO(_slices(d_enc, head), lr_global=1.0, seed=seed, weight_lr=0.05, weight_steps=30,
-                  weight_momentum=0.9)
+    alg = FedCMOOAlgorithm(_slices(d_enc, head), lr_global=1.0, seed=seed, config=FedCMOOConfig(weight_lr=0.05, weight_steps=30, weight_momentum=0.9))
     start = np.array([0.3, 0.7])
     res, _ = _fedcmoo_round(alg, FedCMOOState(start, round_idx), grads, clients)
     enc = grads[:, :, :d_enc].transpose(1, 2).numpy()
@@ -97,7 +96,7 @@ def test_fsmgda_count_decoders_adds_the_heads_to_the_gram() -> None:
     deltas = torch.stack([mean, mean])
     clients = np.array([0, 1])
     for count, lam0, norm_sq in ((True, 0.5, 1.5), (False, 0.999, 1.0)):
-        alg = FSMGDA(_slices(1, 1), lr_global=1.0, count_decoders=count)
+        alg = FSMGDAAlgorithm(_slices(1, 1), lr_global=1.0, config=FSMGDAConfig(count_decoders=count))
         res = alg.round(alg.init_state(2), torch.zeros(3, dtype=F64),
                         ScriptedFederation(clients, [Replies(clients, deltas=deltas)]))
         np.testing.assert_allclose(res.log["weights"], [lam0, 1 - lam0], rtol=0, atol=1e-15)
@@ -107,7 +106,7 @@ def test_fsmgda_count_decoders_adds_the_heads_to_the_gram() -> None:
 
 def test_uniform_round_logs_the_uniform_weights() -> None:
     clients = np.array([0])
-    res = Uniform(lr_global=1.0).round(UniformState(3), torch.zeros(2, dtype=F64),
+    res = UniformAlgorithm(lr_global=1.0).round(UniformState(3), torch.zeros(2, dtype=F64),
                                        ScriptedFederation(clients, [Replies(clients, deltas=torch.zeros(1, 1, 2))]))
     assert res.log == {"weights": [1 / 3, 1 / 3, 1 / 3]}
 

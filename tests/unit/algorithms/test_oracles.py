@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms import FedHV, Replies, Uniform
+from fedhv.algorithms import FedHVAlgorithm, Replies, UniformAlgorithm
 from fedhv.algorithms.base import fedavg_step
-from fedhv.algorithms.fedcmoo import FedCMOO
-from fedhv.algorithms.fsmgda import FSMGDA
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOConfig
+from fedhv.algorithms.fsmgda import FSMGDAAlgorithm
 from fedhv.metrics import aggregate_metrics, hypervolume
 from fedhv.models.params import TaskSlices
 from fedhv.rng import torch_generator
@@ -57,10 +57,10 @@ def test_uniform_and_fedhv_rounds_move_from_a_nonzero_model() -> None:
     theta = torch.tensor([3.0, -1.0], dtype=F64)
     deltas = torch.tensor([[[1.0, 2.0]], [[-3.0, 0.0]]], dtype=F64)  # mean [-1, 1]
     clients = np.array([0, 1])
-    uni = Uniform(lr_global=0.5)
+    uni = UniformAlgorithm(lr_global=0.5)
     res = uni.round(uni.init_state(2), theta, ScriptedFederation(clients, [Replies(clients, deltas=deltas)]))
     torch.testing.assert_close(res.theta, torch.tensor([2.5, -0.5], dtype=F64), rtol=0, atol=1e-15)
-    hv = FedHV(np.array([3.0, 3.0]), lr_global=2.0)
+    hv = FedHVAlgorithm(np.array([3.0, 3.0]), lr_global=2.0)
     reports = torch.tensor([[1.0, 2.0], [1.0, 2.0]], dtype=F64)
     res = hv.round(hv.init_state(2), theta, ScriptedFederation(clients, [Replies(clients, reports, deltas=deltas)]))
     torch.testing.assert_close(res.theta, torch.tensor([1.0, 1.0], dtype=F64), rtol=0, atol=1e-15)
@@ -97,7 +97,7 @@ def test_hv_weights_floor_is_rho_clip() -> None:
 
 
 def test_fedhv_round_uses_its_rho_clip() -> None:
-    alg = FedHV(np.array([2.0, 2.0]), lr_global=1.0, rho_clip=0.25)
+    alg = FedHVAlgorithm(np.array([2.0, 2.0]), lr_global=1.0, rho_clip=0.25)
     clients = np.array([0, 1])
     reports = torch.tensor([[1.9, 0.5], [1.9, 1.5]], dtype=F64)  # F = [1.9, 1.0]: slack [0.1, 1.0]
     replies = Replies(clients, reports, deltas=torch.zeros(2, 1, 2, dtype=F64))
@@ -143,7 +143,7 @@ def test_fsmgda_collinear_updates_take_the_reference_boundary_weights(scale0: fl
     shorter update); the reference code returns 0.999 (G12 >= G11) or 0.001 (G12 >= G22)."""
     deltas, d0, d1 = _collinear_deltas(scale0, scale1)
     theta = torch.tensor([0.5, 0.5, -1.0, 2.0, 1.0], dtype=F64)
-    alg = FSMGDA(_slices(3, 1), lr_global=2.0)  # default options = the reference code's
+    alg = FSMGDAAlgorithm(_slices(3, 1), lr_global=2.0)  # default options = the reference code's
     clients = np.array([4, 9])
     res = alg.round(alg.init_state(2), theta, ScriptedFederation(clients, [Replies(clients, deltas=deltas)]))
     np.testing.assert_allclose(res.log["weights"], [lam0, 1 - lam0], rtol=0, atol=1e-15)
@@ -249,7 +249,7 @@ def test_fedcmoo_gram_estimate_matches_a_numpy_implementation(kind: str, estimat
     # near-square 40 x 40, rank r = floor(800 / (2 sqrt(1600))) = 10 < 40: the sketches are lossy.
     grads = _gradients(kind, 3, m, d_enc, head)
     clients = np.array([2, 11, 5])
-    alg = FedCMOO(_slices(d_enc, head, m), lr_global=1.0, seed=seed, estimator=estimator)
+    alg = FedCMOOAlgorithm(_slices(d_enc, head, m), lr_global=1.0, seed=seed, config=FedCMOOConfig(estimator=estimator))
     got = alg.gram_estimate(grads, clients, rnd, ScriptedFederation(clients, []))
     enc = grads[:, :, :d_enc].transpose(1, 2).numpy()  # [k, d_enc, m]
     want, ratio = _np_fedcmoo_gram(enc, clients, seed, rnd, direct=estimator == "randsvd-direct")

@@ -215,7 +215,7 @@ def test_flower_backend_validates_reports_per_task(flower_identity: object) -> N
     negative reports pass (no ratio bound), a negative task-1 report is rejected; a real Uniform stage."""
     from flwr.app import Message
 
-    from fedhv.algorithms.uniform import Uniform
+    from fedhv.algorithms.uniform import UniformAlgorithm
     from fedhv.flower.federation import FlowerFederation, NodeMap
     from fedhv.flower.node import StageResult
     from fedhv.flower.protocol import result_content
@@ -234,7 +234,7 @@ def test_flower_backend_validates_reports_per_task(flower_identity: object) -> N
         nodes = NodeMap({c: 10 + c for c in reports}, {c: {"samples": 10} for c in reports})  # type: ignore[arg-type]
         fed = FlowerFederation(grid, nodes, np.array(sorted(reports)), 0, 1, "train", "sha", 2,
                                nonnegative=nonnegative)
-        algorithm = Uniform(lr_global=1.0, report=True)
+        algorithm = UniformAlgorithm(lr_global=1.0, report=True)
         return fed, algorithm.round(algorithm.init_state(2), torch.zeros(4, dtype=torch.float64), fed).log["report"]
 
     fed, report = stage((False, True))

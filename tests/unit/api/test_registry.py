@@ -76,8 +76,8 @@ def test_builtin_benchmarks_get_the_papers_architecture(benchmark: str) -> None:
 def test_registry_register_get_names_and_errors() -> None:
     from fedhv.registry import BENCHMARKS, METHODS, Registry
 
-    reg: Registry[int] = Registry("method", "method", "fedhv.experiment.methods")
-    assert reg.names() == ()  # that module registers into METHODS, not into this registry
+    reg: Registry[int] = Registry("method", "method", "fedhv.algorithms", "register one with my_register(name)")
+    assert reg.names() == ()  # that package registers into METHODS, not into this registry
     reg.register("one", 1)
 
     @reg.register("two")
@@ -86,7 +86,7 @@ def test_registry_register_get_names_and_errors() -> None:
 
     assert reg.get("one") == 1 and reg.get("two") is two and reg.names() == ("one", "two") and "two" in reg
     with pytest.raises(ConfigError, match=r"^method = 'on' is not supported \(did you mean 'one'\?\); choose one of "
-                                          r"one, two, or register one with fedhv.register_method\(name, factory\)$"):
+                                          r"one, two, or register one with my_register\(name\)$"):
         reg.get("on")
     with pytest.raises(ConfigError, match="already registered; choose another name or pass replace=True"):
         reg.register("one", 3)

@@ -83,7 +83,9 @@ def test_a_config_built_in_python_refuses_non_finite_numbers(section: str, key: 
     """The TOML loader refuses NaN / inf; a configuration built in Python (``dataclasses.replace``,
     ``fedhv.methods`` objects, ``fedhv.simulate``) reaches :func:`validate` directly."""
     cfg = load_config("multimnist")
-    bad = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{key: value})})
+    changed = dataclasses.replace(getattr(cfg, section), **{key: value})
+    bad = cfg.with_section(section, changed) if section in cfg.sections else \
+        dataclasses.replace(cfg, **{section: changed})
     with pytest.raises(ConfigError) as info:
         validate(bad)
     message = str(info.value)

@@ -17,7 +17,7 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from fedhv.algorithms.uniform import Uniform
+from fedhv.algorithms.uniform import UniformAlgorithm
 from fedhv.flower.federation import FlowerFederation, FlowerSetupError, NodeMap, handshake
 from fedhv.flower.node import StageResult
 from fedhv.flower.protocol import NODE, REPORT, UPDATE, result_content
@@ -122,7 +122,7 @@ def run_round(bad: Callable[[Message], Message] | None, stream: str, aggregation
     grid = LoopbackGrid({node_of(c): honest(c) for c in GOOD} | ({node_of(BAD): bad} if bad else {}))
     fed = federation(grid, stream, aggregation, clients=(*GOOD, BAD) if bad else GOOD)
     theta = torch.linspace(0.1, 0.5, D, dtype=torch.float64)
-    algorithm = Uniform(lr_global=1.0, report=True)
+    algorithm = UniformAlgorithm(lr_global=1.0, report=True)
     result = algorithm.round(algorithm.init_state(M), theta, fed)  # a real stage: exchange, _collect, _validated
     return fed, result.theta, result.log["report"]
 
@@ -155,7 +155,7 @@ def test_a_node_that_reported_no_samples_gets_no_weight_and_is_rejected() -> Non
     grid = LoopbackGrid({node_of(c): honest(c) for c in (*GOOD, BAD)})
     fed = federation(grid, "train", "samples", samples={**SAMPLES, BAD: 0})
     theta = torch.linspace(0.1, 0.5, D, dtype=torch.float64)
-    result = Uniform(lr_global=1.0, report=True).round(Uniform(1.0).init_state(M), theta, fed)
+    result = UniformAlgorithm(lr_global=1.0, report=True).round(UniformAlgorithm(1.0).init_state(M), theta, fed)
     np.testing.assert_allclose(result.theta.numpy(), expected("samples")[0], rtol=1e-12)
     assert [c for c, _ in fed.rejected] == [BAD] and "0 samples" in fed.rejected[0][1]
 
@@ -277,7 +277,7 @@ def test_a_reply_with_bad_model_buffers_is_rejected(case: str) -> None:
     fed = federation(grid, "train", "mean")
     fed.global_buffers = engine
     theta = torch.zeros(sum(p.numel() for p in new_model(cfg, data, 1).parameters()), dtype=torch.float64)
-    Uniform(lr_global=1.0, report=True).round(Uniform(1.0).init_state(M), theta, fed)
+    UniformAlgorithm(lr_global=1.0, report=True).round(UniformAlgorithm(1.0).init_state(M), theta, fed)
     assert [c for c, _ in fed.rejected] == [BAD] and "buffers" in fed.rejected[0][1]
     for j, b in enumerate(engine.buffers):
         want = np.mean([buffers_of(c)[j] for c in GOOD], axis=0)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
-from fedhv.algorithms import FedHV
+from fedhv.algorithms import FedHVAlgorithm
 from fedhv.data.federated import FederatedData
 from fedhv.models import ResNet18GN, default_init, get_flat
 from fedhv.models.params import ParamLayout
@@ -99,7 +99,7 @@ def test_batched_engine_equals_sequential_on_resnet_float64() -> None:
     thetas, groups = {}, {}
     for name, cls in (("batched", BatchedEngine), ("sequential", SequentialEngine)):
         engine = cls(_model(), data, local_steps=2, batch_size=4, lr_local=0.3, momentum=0.9, seed=0)
-        alg = FedHV(np.array([2.6, 2.6]), lr_global=1.0)
+        alg = FedHVAlgorithm(np.array([2.6, 2.6]), lr_global=1.0)
         with GroupNormCalls() as calls:
             res = alg.round(alg.init_state(2), theta0.clone(), SimFederation(engine, np.array([0, 2]), 0))
         thetas[name], groups[name] = res.theta, calls.groups

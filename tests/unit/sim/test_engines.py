@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms import FedHV, Uniform
+from fedhv.algorithms import FedHVAlgorithm, UniformAlgorithm
 from fedhv.experiment.loop import run_rounds
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.metrics.evaluate import per_sample_losses
@@ -42,7 +42,7 @@ def test_batched_equals_sequential_float64(extra: tuple[str, ...]) -> None:
     results = {}
     for engine in ("sequential", "batched"):
         cfg = small_config("dtype='float64'", f"engine='{engine}'", *extra)
-        alg = FedHV(np.array([2.6, 2.6]), cfg.lr_global, report_batches=cfg.fedhv.report_batches)
+        alg = FedHVAlgorithm(np.array([2.6, 2.6]), cfg.lr_global, report_batches=cfg.fedhv.report_batches)
         results[engine] = _train(cfg, alg)
     (ts, ss, ls), (tb, sb, lb) = results["sequential"], results["batched"]
     assert (ts - tb).abs().max().item() < 1e-10
@@ -68,7 +68,7 @@ def test_batched_equals_sequential_float32_within_rounding() -> None:
     thetas = {}
     for dtype, engine in (("float64", "sequential"), ("float32", "sequential"), ("float32", "batched")):
         cfg = small_config(f"engine='{engine}'", f"dtype='{dtype}'")
-        thetas[dtype, engine] = _train(cfg, Uniform(cfg.lr_global), rounds=2)[0].double()
+        thetas[dtype, engine] = _train(cfg, UniformAlgorithm(cfg.lr_global), rounds=2)[0].double()
     reference = thetas["float64", "sequential"]
     steps = 2 * (cfg.train.local_steps + 1)
     tol = 2.0 * steps * float(np.finfo(np.float32).eps) * reference.abs().max().item()
@@ -158,7 +158,7 @@ def test_cifar_mnist_engines_agree_with_rotation_and_flips() -> None:
                            setting="cifar10-mnist-b")
         data = small_data(cfg)
         assert data.augment is not None and data.augment.integer_angles and data.augment.interpolation == "nearest"
-        alg = Uniform(cfg.lr_global)
+        alg = UniformAlgorithm(cfg.lr_global)
         thetas[engine] = _train(cfg, alg, rounds=2)[0]
     assert (thetas["sequential"] - thetas["batched"]).abs().max().item() < 1e-10
 

@@ -100,7 +100,7 @@ def test_local_epochs_set_each_clients_steps_and_engines_agree() -> None:
 
 
 def test_sample_weighted_aggregation_is_the_weighted_mean_of_the_clients_updates() -> None:
-    from fedhv.algorithms.uniform import Uniform
+    from fedhv.algorithms.uniform import UniformAlgorithm
     from fedhv.sim.engine import SequentialEngine
     from fedhv.sim.federation import SimFederation
     from fedhv.sim.module import ModuleAdapter
@@ -118,7 +118,7 @@ def test_sample_weighted_aggregation_is_the_weighted_mean_of_the_clients_updates
     expected = theta + 1.5 * (8 * deltas[0] + 24 * deltas[1] + 48 * deltas[2]) / 80
     for agg, want in (("samples", expected), ("mean", theta + 1.5 * deltas.mean(0))):
         fed = SimFederation(engine, clients, 0, aggregation=agg)
-        result = Uniform(lr_global=1.5).round(Uniform(lr_global=1.5).init_state(2), theta, fed)
+        result = UniformAlgorithm(lr_global=1.5).round(UniformAlgorithm(lr_global=1.5).init_state(2), theta, fed)
         torch.testing.assert_close(result.theta, want, atol=1e-13, rtol=1e-12)
     # and end to end: the option changes the run and is recorded
     torch.manual_seed(0)

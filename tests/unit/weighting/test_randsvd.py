@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms.fedcmoo import FedCMOO, find_weights
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, find_weights, FedCMOOConfig
 from fedhv.models.params import TaskSlices
 from fedhv.weighting.randsvd import compress, compression_rank, near_square_shape, randomized_svd, rearrange, unarrange
 
@@ -95,7 +95,7 @@ def test_gram_estimate_is_exact_for_lossless_sketches(estimator: str) -> None:
     gen = torch.Generator().manual_seed(0)
     grads = torch.randn(k, m, d, generator=gen, dtype=torch.float64)
     slices = TaskSlices(torch.arange(d), (torch.zeros(0, dtype=torch.long),) * m)
-    alg = FedCMOO(slices, 1.0, estimator=estimator, extra_upload=4.0)  # rank 10 = full for 10 x 10
+    alg = FedCMOOAlgorithm(slices, 1.0, config=FedCMOOConfig(estimator=estimator, extra_upload=4.0))  # rank 10 = full for 10 x 10
     fed = ScriptedFederation(np.arange(k), [])
     gg = alg.gram_estimate(grads, np.arange(k), 0, fed)
     b = grads.sum(0)  # [m, d]
