@@ -1,5 +1,8 @@
-"""The public Python API (re-exported by :mod:`fedhv`): tasks, federated datasets, methods,
-calibration and simulation for a user's own model and data."""
+"""The public Python API (re-exported by :mod:`fedhv`).
+
+Tasks, federated datasets, methods, calibration and simulation for a user's own model and
+data.
+"""
 
 from fedhv.api.dataset import FederatedDataset
 from fedhv.api.methods import FSMGDA, FedCMOO, FedHV, Uniform

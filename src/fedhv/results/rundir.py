@@ -271,26 +271,31 @@ class RunDir:
 
     @property
     def rounds(self) -> JsonlWriter:
+        """The ``rounds.jsonl`` writer (after :meth:`open_logs`)."""
         if self._rounds is None:
             raise RuntimeError("RunDir.open_logs() was not called")
         return self._rounds
 
     @property
     def metrics(self) -> JsonlWriter:
+        """The ``metrics.jsonl`` writer (after :meth:`open_logs`)."""
         if self._metrics is None:
             raise RuntimeError("RunDir.open_logs() was not called")
         return self._metrics
 
     def write_text(self, name: str, text: str) -> None:
+        """Write the run file ``name`` atomically (:func:`~fedhv.results.runfiles.write_atomic`)."""
         write_atomic(self.path / name, text)
 
     def write_json(self, name: str, data: Any) -> None:
+        """Write the run file ``name`` as strict JSON (:func:`~fedhv.results.runfiles.write_json`)."""
         write_json(self.path / name, data)
 
     # -- release ------------------------------------------------------------------------
 
     @property
     def locked(self) -> bool:
+        """Whether this object holds the run directory's lock."""
         return self._lock_fd is not None
 
     def close(self) -> None:
@@ -322,7 +327,9 @@ class RunDir:
                 break
 
     def __enter__(self) -> RunDir:  # noqa: PYI034 - RunDir is final in practice
+        """The run directory itself."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close it (:meth:`close`)."""
         self.close()

@@ -1,7 +1,9 @@
-"""The file primitives of run directories: one-line errors naming the file, strict JSON, atomic
-writes with the umask's mode, fsync'ed JSON-lines appends, and opens that never follow a
-symbolic link (docs/reliability.md §4, §10). :mod:`fedhv.results.rundir` builds the run
-directory on them (and re-exports them)."""
+"""The file primitives of run directories.
+
+One-line errors naming the file, strict JSON, atomic writes with the umask's mode, fsync'ed
+JSON-lines appends, and opens that never follow a symbolic link (docs/reliability.md §4,
+§10). :mod:`fedhv.results.rundir` builds the run directory on them (and re-exports them).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class RunDirError(FedHVError, OSError):
     """
 
     def __str__(self) -> str:
+        """The one-line message."""
         return str(self.args[0]) if self.args else ""
 
 
@@ -114,6 +117,7 @@ class JsonlWriter:
             raise io_error(self.path, exc, "open") from None
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line of strict JSON, flushed and fsync'ed."""
         line = dumps_strict(record, separators=(",", ":")) + "\n"
         try:
             self._fh.write(line)
@@ -123,6 +127,7 @@ class JsonlWriter:
             raise io_error(self.path, exc) from None
 
     def close(self) -> None:
+        """Close the file (a failed flush was already reported by :meth:`append`)."""
         try:
             self._fh.close()
         except OSError:  # a failed flush of a line already reported by append()
@@ -165,8 +170,11 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o666) -> int:
 
 
 def read_bytes_nofollow(path: Path) -> bytes:
-    """The bytes of ``path``, opened with ``O_NOFOLLOW``: a symbolic link is a :class:`RunDirError`
-    naming it (an ``OSError`` such as ``FileNotFoundError`` passes through)."""
+    """The bytes of ``path``, opened with ``O_NOFOLLOW``.
+
+    A symbolic link is a :class:`RunDirError` naming it (an ``OSError`` such as
+    ``FileNotFoundError`` passes through).
+    """
     try:
         return safe_io.read_regular(path)
     except safe_io.UnsafeFileError as exc:

@@ -132,6 +132,7 @@ class HVWeighting(nn.Module):
 
     @property
     def num_tasks(self) -> int:
+        """The number of tasks ``m`` (the reference's length)."""
         return int(self.reference.numel())
 
     def forward(self, losses: torch.Tensor) -> torch.Tensor:
@@ -175,6 +176,7 @@ class HVWeighting(nn.Module):
                           "HVBackward(reference).backward(losses) (LibMTL style)")
 
     def extra_repr(self) -> str:
+        """The reference and ``rho_clip`` in the module's ``repr``."""
         return f"reference={[round(v, 6) for v in self.reference.tolist()]}, rho_clip={self.rho_clip:g}"
 
 
