@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 #: The paper's evaluation reference ``r^eval_i = 3`` (C.1), the default HV offset.
 PAPER_HV_REFERENCE = 3.0
@@ -28,7 +28,7 @@ def hv_reference(value: float | Sequence[float], m: int) -> list[float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         ref = [float(value)] * m
     else:
-        ref = [float(v) for v in value]
+        ref = [float(v) for v in cast("Sequence[float]", value)]  # a bool fails here as before (not iterable)
     if len(ref) != m or not all(math.isfinite(v) for v in ref):
         raise ValueError(f"hv_reference = {value!r} must be one finite number or {m} finite numbers (one per task)")
     return ref

@@ -21,7 +21,7 @@ Aggregation weighted by sample count is the server's (:mod:`fedhv.algorithms.bas
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +112,7 @@ class LocalTraining:
 
     def make(self, params: Iterable[torch.Tensor], lr: float, momentum: float) -> torch.optim.Optimizer:
         """A fresh optimizer over ``params`` (every round starts one)."""
-        cls = OPTIMIZERS[self.optimizer]
+        cls: Callable[..., torch.optim.Optimizer] = OPTIMIZERS[self.optimizer]  # each takes lr= (the base class does not)
         opts = dict(self.options)
         if self.optimizer == "sgd":
             opts["momentum"] = momentum
