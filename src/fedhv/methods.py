@@ -1,5 +1,7 @@
-"""The built-in methods (re-exported from their modules in :mod:`fedhv.algorithms`, where each
-method's hyper-parameters, round logic, configuration section and registration live together).
+"""The built-in methods.
+
+Re-exported from their modules in :mod:`fedhv.algorithms`, where each method's
+hyper-parameters, round logic, configuration section and registration live together.
 
 ``FedHV``: ``w^{t+1}_i ∝ 1 / max(r_i - F_i^t, rho_clip)`` from averaged client reports ``F^t``;
 ``Uniform``: ``w = 1/m``; ``FSMGDA`` / ``FedCMOO``: min-norm weights of client gradients. All:

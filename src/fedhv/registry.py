@@ -149,13 +149,16 @@ class Registry(Generic[T]):
         return (*self._items, *(n for n in self._entry_points if n not in self._items))
 
     def __contains__(self, name: object) -> bool:
+        """Whether ``name`` is registered or an installed entry point."""
         self._load()
         return name in self._items or name in self._entry_points
 
     def __getitem__(self, name: str) -> T:
+        """The entry ``name`` (:meth:`get`)."""
         return self.get(name)
 
     def __iter__(self) -> Iterator[str]:
+        """The names, as :meth:`names`."""
         return iter(self.names())
 
 

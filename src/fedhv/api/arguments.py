@@ -36,8 +36,9 @@ def _choices() -> str:
 
 
 def as_method(method: object) -> Method:
-    """``method`` itself when it is a method object (a built-in's or any :class:`fedhv.Method`
-    subclass's instance); ``None`` is ``FedHV()``.
+    """``method`` itself when it is a method object; ``None`` is ``FedHV()``.
+
+    A method object is a built-in's or any :class:`fedhv.Method` subclass's instance.
 
     Raises
     ------
@@ -66,8 +67,11 @@ def plain_int(value: object) -> object:
 
 
 def plain_numbers(obj: Any) -> Any:
-    """``obj`` (a configuration dataclass, tuple, dict) with numpy scalars as the Python numbers they
-    hold, so ``np.float32(0.05)`` is the learning rate 0.05 (and ``config.toml`` can record it)."""
+    """``obj`` (a configuration dataclass, tuple, dict) with numpy scalars as Python numbers.
+
+    Each scalar becomes the number it holds, so ``np.float32(0.05)`` is the learning rate 0.05
+    (and ``config.toml`` can record it).
+    """
     if isinstance(obj, np.generic):
         return obj.item()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -110,9 +110,11 @@ def _base_config(model: nn.Module, data: FederatedDataset, name: str, rounds: in
 
 
 def _check_shared(model: nn.Module, cfg: RunConfig) -> None:
-    """Parameters registered under two names (one head for two tasks) run on the sequential engine
-    with FedHV / Uniform only: the batched engine stacks every name's copy, and FSMGDA / FedCMOO
-    need each task's own head parameters."""
+    """Refuse parameters registered under two names (one head for two tasks) where they cannot run.
+
+    They run on the sequential engine with FedHV / Uniform only: the batched engine stacks
+    every name's copy, and FSMGDA / FedCMOO need each task's own head parameters.
+    """
     pairs = shared_parameters(model)
     if not pairs:
         return
