@@ -17,6 +17,7 @@ tensor, the value found and the fix. The rules:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -34,6 +35,14 @@ def check_seed(name: str, value: object) -> None:
         alias = f" ({value} would silently equal seed {value % SEED_BOUND})" if isinstance(value, int) else ""
         raise ConfigError(f"{name} = {value!r} is out of range; seeds must be integers in [0, 2**32 - 1 = "
                           f"{SEED_BOUND - 1}]{alias}")
+
+
+def as_seed(name: str, value: object) -> int:
+    """``value`` as a Python ``int`` seed: any integer (``numpy.int64`` too) in ``[0, 2**32 - 1]``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    check_seed(name, value)
+    return value  # type: ignore[return-value]
 
 
 def _first_bad(mask: torch.Tensor) -> int:

@@ -14,7 +14,7 @@ mean is biased upward by its variance; the estimate can come out negative when t
 dwarfs the mean, and the ratio is then not reported). Reported
 with ``||g_i||^2``, their ratio (the "bounded dissimilarity" ``B^2 - 1`` of FedProx-style
 analyses) and ``chi_N(M) zeta_i^2``, the variance of the ``M`` sampled clients' mean gradient
-(:func:`fedhv.stats.participation_factor`). Cost: one forward and ``m`` backward passes over the
+(:func:`fedhv.data.heterogeneity.participation_factor`). Cost: one forward and ``m`` backward passes over the
 used clients' samples.
 """
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fedhv.config.schema import RunConfig
+from fedhv.data.heterogeneity import participation_factor
 from fedhv.diagnostics.theory import task_gradients
 from fedhv.errors import ConfigError
 from fedhv.rng import numpy_rng
@@ -56,7 +57,6 @@ def _load_model(cfg: RunConfig, data: Any, model: str | None) -> tuple[torch.nn.
 def gradient_dissimilarity(cfg: RunConfig, model: str | None = None, clients: int = 100) -> dict[str, Any]:
     """The JSON-able gradient-dissimilarity report of ``cfg``'s partition (module docstring)."""
     from fedhv.experiment.setup import federated_data
-    from fedhv.stats import participation_factor
 
     if clients < 2:
         raise ConfigError(f"--grad-clients {clients}: need at least 2 clients to measure a spread")

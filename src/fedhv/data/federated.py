@@ -10,6 +10,7 @@ import torch
 
 from fedhv.data.augment import Augment
 from fedhv.data.benchmarks import Benchmark
+from fedhv.data.parts import ClientParts, RaggedParts
 from fedhv.objectives import CLASSIFICATION, Objective
 from fedhv.rng import numpy_rng
 
@@ -37,8 +38,9 @@ class FederatedData:
     train_x : Tensor ``[n, 1, H, W]``, normalised
         The training samples some client holds (:meth:`from_benchmark` converts only those).
     train_y : Tensor, int64 ``[n, m]``
-    parts : Tensor, int64 ``[N, S]``
-        Client ``c`` holds the samples ``train_x[parts[c]]``.
+    parts : ClientParts
+        Client ``c`` holds the samples ``train_x[parts[c]]`` (:mod:`fedhv.data.parts`: an int64
+        tensor ``[N, S]``, or clients of unequal sizes).
     eval_sets : dict
         ``{"test": (x, y), "val": (x, y)}``.
     augment : Augment or None
@@ -53,7 +55,7 @@ class FederatedData:
     num_classes: tuple[int, ...]
     train_x: torch.Tensor
     train_y: torch.Tensor
-    parts: torch.Tensor
+    parts: ClientParts
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]]
     augment: Augment | None
     objective: Objective = CLASSIFICATION
@@ -109,9 +111,7 @@ class FederatedData:
             train_x, train_y = train_x[used], train_y[used]
             parts = [np.searchsorted(used, r) for r in parts] if ragged else np.searchsorted(used, parts)
         if ragged:
-            from fedhv.api.dataset import RaggedParts
-
-            client_rows: Any = RaggedParts([torch.from_numpy(np.ascontiguousarray(r, dtype=np.int64)).to(device)
+            client_rows: ClientParts = RaggedParts([torch.from_numpy(np.ascontiguousarray(r, dtype=np.int64)).to(device)
                                             for r in parts])
         else:
             client_rows = torch.from_numpy(np.ascontiguousarray(parts, dtype=np.int64)).to(device)

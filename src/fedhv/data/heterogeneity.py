@@ -96,6 +96,17 @@ class Heterogeneity:
                    tuple(float(v) for v in per_client))
 
 
+def participation_factor(clients: int, per_round: int) -> float:
+    """``chi_N(M) = (N - M) / (M (N - 1))`` (paper §4.1; 0 for ``N = 1``).
+
+    The variance of the mean of ``M`` of ``N`` client vectors drawn without replacement around
+    their population mean is ``chi_N(M)`` times their population variance
+    ``(1/N) sum_k ||g_k - g||^2`` -- the factor by which partial participation scales the
+    heterogeneity ``zeta^2`` in the paper's bound (0 at full participation).
+    """
+    return 0.0 if clients <= 1 else (clients - per_round) / (per_round * (clients - 1))
+
+
 def iid_partition(n: int, clients: int, samples_per_client: int | np.ndarray, seed: int) -> np.ndarray | list:
     """``[N, S]`` indices, each row a uniform sample without replacement of ``range(n)``
     (a list of rows of the given sizes when ``samples_per_client`` is one size per client).

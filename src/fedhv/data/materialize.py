@@ -1,4 +1,5 @@
-"""Materialise map-style datasets once to tensors (:meth:`fedhv.FederatedDataset.from_datasets`).
+"""Materialise map-style datasets once to tensors (:meth:`fedhv.FederatedDataset.from_datasets`;
+the public names: :mod:`fedhv.api.materialize`).
 
 The engines index one tensor per split, so a ``torch.utils.data.Dataset`` is read item by
 item into preallocated tensors, once. A PIL image becomes what

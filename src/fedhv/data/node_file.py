@@ -29,6 +29,8 @@ import torch
 
 from fedhv import safe_io
 from fedhv.config.schema import RunConfig
+from fedhv.data.benchmarks import BUILDERS
+from fedhv.data.configured import DTYPES, configured_augment, load_data
 from fedhv.data.federated import FederatedData, to_tensor_images
 from fedhv.errors import FedHVError
 from fedhv.objectives import Classification, MultiLabel
@@ -61,8 +63,6 @@ def export_partition(cfg: RunConfig, client: int, path: str | Path) -> Path:
     The samples are the rows ``parts[client]`` of the setting's partition, in order, so a
     node serving the file draws exactly the simulator's batches for that client.
     """
-    from fedhv.experiment.setup import load_data
-
     n = cfg.partition.clients
     if not 0 <= client < n:
         raise NodeDataError(f"client = {client} is not a client of this setting (partition.clients = {n}); "
@@ -141,9 +141,6 @@ def load_node_file(path: str | Path, cfg: RunConfig, client: int, num_clients: i
         Missing or unreadable file, wrong dtypes or shapes, labels outside the tasks'
         classes, or a file written for another benchmark.
     """
-    from fedhv.data.benchmarks import BUILDERS
-    from fedhv.experiment.setup import DTYPES, configured_augment
-
     p = Path(path)
     x, y, meta = _read(p)
     where = f"node data file {str(p)!r}"

@@ -26,22 +26,23 @@ import hashlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedhv import safe_io
+from fedhv.checks import check_heads, check_model
 from fedhv.config.schema import PartitionConfig
+from fedhv.data.dataset import FederatedDataset
 from fedhv.data.federated import FederatedData
 from fedhv.errors import ConfigError
 from fedhv.models.base import MultiTaskModel
+from fedhv.models.module import ModuleAdapter
+from fedhv.objectives import Task, as_tasks
 from fedhv.registry import MODELS, is_reference, resolve_benchmark
 from fedhv.rng import numpy_rng
-
-if TYPE_CHECKING:  # fedhv.api imports the experiment layer, which imports this module
-    from fedhv.api.tasks import Task
 
 TensorLike = torch.Tensor | np.ndarray
 Targets = TensorLike | Sequence[TensorLike]
@@ -142,9 +143,6 @@ def provenance(name: str, ub: UserBenchmark) -> dict[str, Any]:
 def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtype, device: str,
                         max_test_samples: int = 0) -> FederatedData:
     """The user benchmark's tensors on ``device``, partitioned by ``partition``."""
-    from fedhv.api.dataset import FederatedDataset
-    from fedhv.api.tasks import as_tasks
-
     ub = user_benchmark(name)
     if ub is None:
         raise ConfigError(f"data.benchmark = {name!r} is a built-in benchmark; load it with load_benchmark")
@@ -179,9 +177,6 @@ def user_model(name: str, data: FederatedData, batch_size: int | None = None) ->
     the model cannot take fails here, not at the first evaluation) and, given
     ``batch_size``, a train-mode forward on a batch of that size (BatchNorm's batch of one).
     """
-    from fedhv.checks import check_heads, check_model
-    from fedhv.sim.module import ModuleAdapter
-
     ub = user_benchmark(name)
     assert ub is not None
     if isinstance(ub.model, nn.Module):

@@ -27,7 +27,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedhv.flower.node import NodeError, NodeTrust, config_sha, worker_for
+from fedhv.flower.node import NodeError, config_sha, worker_for
+from fedhv.flower.node_config import node_partition, node_trust  # re-exported: this module's names before
 from fedhv.flower.protocol import (
     HELD,
     HELLO,
@@ -46,25 +47,6 @@ from fedhv.flower.secure_client import is_secure, requires_secure, secure_stage
 app = ClientApp()
 
 _HELD_META = "fedhv.held-meta"
-
-
-def node_partition(context: Context) -> tuple[int, int, str | None]:
-    """``(partition-id, num-partitions, data-path or None)`` from the SuperNode's ``--node-config``."""
-    cfg = context.node_config
-    try:
-        pid, n = as_int(cfg["partition-id"], "partition-id"), as_int(cfg["num-partitions"], "num-partitions")
-    except (KeyError, TypeError, ValueError):
-        raise NodeError(
-            f"node-config {dict(cfg)} lacks integer partition-id / num-partitions; start the SuperNode with "
-            "--node-config \"partition-id=K num-partitions=N\" (and data-path=FILE for data of its own)") from None
-    path = cfg.get("data-path")
-    return pid, n, (str(path) if path else None)
-
-
-def node_trust(context: Context) -> NodeTrust:
-    """What this SuperNode's operator allows (``--node-config``: ``allow-benchmarks``, ``data-root``,
-    ``data-download``; :class:`~fedhv.flower.node.NodeTrust`)."""
-    return NodeTrust.from_node_config(dict(context.node_config))
 
 
 @app.query()

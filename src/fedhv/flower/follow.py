@@ -9,13 +9,22 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fedhv.flower.control import run_status
 from fedhv.flower.procs import FlowerRunError
 
-if TYPE_CHECKING:
-    from fedhv.flower.local import Deployment
+
+class Deployment(Protocol):
+    """What following a run needs of the local deployment (:class:`fedhv.flower.local.Deployment`)."""
+
+    port: int
+    root_certificates: str | None
+    workdir: Path
+
+    def check_alive(self) -> None:
+        """Raise when a process of the deployment has died."""
+        ...
 
 
 def _last_error(log: Path) -> str:

@@ -42,6 +42,7 @@ from flwr.compat.common import recorddict_compat as compat
 from fedhv.algorithms.validation import ClientReply, ReplySpec, reply_problem
 from fedhv.config.flower import QUANTIZATION_RANGE
 from fedhv.flower.node import NodeError, StageResult, config_sha, worker_for
+from fedhv.flower.node_config import node_partition, node_trust
 from fedhv.flower.protocol import HELLO, STAGE, as_int, model_sha, stage_order
 from fedhv.objectives import nonnegative_losses
 from fedhv.rng import derive_seed
@@ -126,8 +127,6 @@ def _config_text(context: Context) -> str:
 def fit(msg: Message, context: Context) -> Message:
     """The collect stage's computation, called by ``secaggplus_mod``: a ``FitRes`` with the
     packed reply (:func:`pack`) and ``num_examples = 1``; raises when the reply is invalid."""
-    from fedhv.flower.client import node_partition, node_trust
-
     text = _config_text(context)
     pid, n, path = node_partition(context)
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
@@ -157,7 +156,5 @@ def fit(msg: Message, context: Context) -> Message:
 
 def secure_stage(msg: Message, context: Context) -> Message:
     """One SecAgg+ stage of this node's client, through flwr's ``secaggplus_mod``."""
-    from fedhv.flower.client import node_partition
-
     _exit_if_asked(msg, node_partition(context)[0])
     return secaggplus_mod(msg, context, fit)

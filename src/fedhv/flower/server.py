@@ -45,9 +45,9 @@ log = logging.getLogger("fedhv")
 def federation_factory(grid: Grid, cfg: RunConfig, config_text: str, timeout: float | None,
                        node_wait: float = 120.0) -> FederationFactory:
     """Handshake with the SuperNodes, then build each round's :class:`FlowerFederation`."""
-    from fedhv.api.tasks import as_tasks
     from fedhv.data.benchmarks import BUILDERS
     from fedhv.data.user import user_benchmark
+    from fedhv.objectives import as_tasks
 
     refuse_on_flower(cfg)
     nodes = handshake(grid, config_text, cfg.partition.clients, node_wait)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from fedhv.models.inference import inference_forward
-from fedhv.objectives import CLASSIFICATION, Objective
+from fedhv.objectives import ACCURACY, CLASSIFICATION, Objective, TaskMetric
 
 
 @torch.no_grad()
@@ -54,10 +54,8 @@ def per_sample_losses(
     return torch.cat(losses), torch.cat(correct)
 
 
-def task_metric_list(objective: Objective, m: int) -> list:  # list[TaskMetric]
-    """Each task's :class:`~fedhv.api.tasks.TaskMetric` (the built-in objectives: accuracies)."""
-    from fedhv.api.tasks import ACCURACY
-
+def task_metric_list(objective: Objective, m: int) -> list[TaskMetric]:
+    """Each task's :class:`~fedhv.objectives.TaskMetric` (the built-in objectives: accuracies)."""
     return list(getattr(objective, "metrics", None) or [ACCURACY] * m)
 
 

@@ -67,7 +67,7 @@ def task_metrics(scores: Sequence[float], loss: Sequence[float], metrics: Sequen
     scores, loss : sequence of float
         Mean per-sample score and loss of each task.
     metrics : sequence of TaskMetric
-        Each task's metric (:class:`fedhv.api.tasks.TaskMetric`: name, direction, whether it
+        Each task's metric (:class:`fedhv.objectives.TaskMetric`: name, direction, whether it
         is an accuracy, scale).
     eval_reference : float or sequence of float
         HV offsets ``r^eval``.

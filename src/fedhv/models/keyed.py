@@ -2,7 +2,7 @@
 
 A user module's random draws must follow the run's seed (:mod:`fedhv.sim.plan`), so that the
 batched and the sequential engine draw the same numbers, runs resume exactly and the global
-torch seed changes nothing. :class:`~fedhv.sim.module.ModuleAdapter` arranges that:
+torch seed changes nothing. :class:`~fedhv.models.module.ModuleAdapter` arranges that:
 
 - ``nn.Dropout`` modules are replaced by :class:`KeyedDropout` (one site per module, each
   with its own ``p``);

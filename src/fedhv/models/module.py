@@ -8,7 +8,7 @@
   batched engine draw identical masks and runs resume exactly; in eval mode it is the
   identity, as ``nn.Dropout`` is. Each layer keeps its own ``p``; ``F.dropout`` calls in
   ``forward`` are keyed the same way and any other random call is refused before round 1
-  (:mod:`fedhv.sim.keyed`);
+  (:mod:`fedhv.models.keyed`);
 - :meth:`ModuleAdapter.forward_batched` runs ``n`` parameter copies at once with
   ``vmap(functional_call(...), randomness="different")`` over ``(params [n, ...],
   x [n, B, ...], masks [n, B, F])``.
@@ -33,8 +33,8 @@ from torch.func import functional_call, vmap
 
 from fedhv.errors import ConfigError
 from fedhv.models.base import MultiTaskModel
+from fedhv.models.keyed import KeyedDropout, KeyedFunctional, MaskBox, functional_site, probe_random
 from fedhv.models.params import trainable
-from fedhv.sim.keyed import KeyedDropout, KeyedFunctional, MaskBox, functional_site, probe_random
 
 
 class ModuleAdapter(MultiTaskModel):

@@ -1,4 +1,5 @@
-"""ResNet-18-GN over ``n`` stacked model copies at once (the batched engine's forward).
+"""ResNet-18-GN over ``n`` stacked model copies at once: the folded layers of the batched engine's
+forward (:func:`fedhv.models.resnet.resnet_batched_forward` composes them).
 
 The ``n`` copies (one per client and weight row) are folded into the channel
 dimension: copy ``i``'s batch ``x_i [B, 3, H, W]`` becomes channels
@@ -41,16 +42,8 @@ The result equals the per-copy ``forward`` up to float rounding of the reduction
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from fedhv.models.functional import bmm_linear
-
-if TYPE_CHECKING:
-    from fedhv.models.resnet import ResNet18GN
 
 #: Stages (0-based, in ``model.layers``) from which the folded maps are kept in NCHW
 #: instead of ``channels_last`` (the 4x4, 512-channel stage).
@@ -88,60 +81,3 @@ def grouped_norm(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, grou
         Groups per copy (``G``); the folded call uses ``G n``.
     """
     return F.group_norm(h, groups * weight.shape[0], weight.reshape(-1), bias.reshape(-1))
-
-
-def resnet_batched_forward(
-    model: ResNet18GN,
-    params: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> list[torch.Tensor]:
-    """Evaluate ``n`` stacked parameter sets of ``model`` on ``n`` batches at once.
-
-    Parameters
-    ----------
-    model : ResNet18GN
-        Supplies the architecture (its own parameters are not used).
-    params : dict
-        ``{name: [n, *shape]}`` stacked parameters (``model.named_parameters()`` names).
-    x : Tensor ``[n, B, 3, H, W]``
-        Copy ``i``'s batch is ``x[i]``.
-    masks : dict or None
-        Unused (the model has no dropout); accepted for the common signature.
-
-    Returns
-    -------
-    list of Tensor ``[n, B, k_t]``
-        Per-task sigmoid outputs; row ``i`` equals ``forward(x[i])`` with copy ``i``'s
-        parameters.
-    """
-    from fedhv.models.resnet import GROUPS, BasicBlock
-
-    n, b = x.shape[:2]
-    w1 = params["conv1.weight"]
-    # Stem: copy by copy in channels_last (3 input channels), concatenated along channels.
-    h = torch.cat([F.conv2d(x[i].contiguous(memory_format=torch.channels_last), w1[i], padding=1)
-                   for i in range(n)], 1)
-    # In-place ReLUs: GroupNorm's backward needs its input, not its output, and the sum
-    # of the residual add is saved by nothing, so neither is needed after the ReLU.
-    h = grouped_norm(h, params["gn1.weight"], params["gn1.bias"], GROUPS).relu_()
-    for s, stage in enumerate(model.layers):
-        assert isinstance(stage, nn.Sequential)
-        if s == NCHW_FROM_STAGE:
-            h = h.contiguous()
-        for j, block in enumerate(stage):
-            assert isinstance(block, BasicBlock)
-            p = f"layers.{s}.{j}."
-            stride = block.conv1.stride[0]
-            o = grouped_conv(h, params[p + "conv1.weight"], stride, 1)
-            o = grouped_norm(o, params[p + "gn1.weight"], params[p + "gn1.bias"], GROUPS).relu_()
-            o = grouped_norm(grouped_conv(o, params[p + "conv2.weight"], 1, 1),
-                             params[p + "gn2.weight"], params[p + "gn2.bias"], GROUPS)
-            if len(block.shortcut):
-                h = grouped_norm(grouped_conv(h, params[p + "shortcut.0.weight"], stride, 0),
-                                 params[p + "shortcut.1.weight"], params[p + "shortcut.1.bias"], GROUPS)
-            h = (o + h).relu_()
-    # avg_pool2d(3) keeps the top-left 3x3 window of the 4x4 map, as ResNet18GN.forward.
-    z = F.avg_pool2d(h, 3).reshape(b, n, -1).transpose(0, 1)  # [n, B, 512]
-    return [torch.sigmoid(bmm_linear(z, params[f"heads.{t}.fc.weight"], params[f"heads.{t}.fc.bias"]))
-            for t in range(len(model.heads))]

@@ -19,6 +19,12 @@ from typing import Any
 import numpy as np
 
 from fedhv.results.collect import Run, method_label, ordered_methods, setting_label
+from fedhv.results.plot_style import figure as _figure
+from fedhv.results.plot_style import finish as _finish
+from fedhv.results.plot_style import line as _line
+from fedhv.results.plot_style import method_color
+from fedhv.results.plot_style import round_axis as _round_axis
+from fedhv.results.plot_style import series as _series
 
 Groups = dict[tuple[str, Any, str], list[Run]]
 
@@ -62,8 +68,6 @@ def has_diagnostics(runs: Sequence[Run]) -> bool:
 
 def diagnostics_curves(groups: Groups, setting: str, size: str = "page") -> Any | None:
     """``diagnostics-<setting>`` (None when no run of the setting has diagnostics)."""
-    from fedhv.results.plots import _figure, _finish, _line, _round_axis, _series, method_color
-
     methods = [m for m in ordered_methods({m for s, v, m in groups if s == setting and v is None})
                if has_diagnostics(groups[(setting, None, m)])]
     if not methods:
@@ -100,8 +104,6 @@ def diagnostics_curves(groups: Groups, setting: str, size: str = "page") -> Any 
 
 def fairness_curves(groups: Groups, setting: str, size: str = "page") -> Any | None:
     """``fairness-<setting>``: per task, mean (solid), 10th percentile (dashed) and worst (dotted) client."""
-    from fedhv.results.plots import _figure, _finish, _round_axis, _series, method_color
-
     methods = [m for m in ordered_methods({m for s, v, m in groups if s == setting and v is None})
                if has_diagnostics(groups[(setting, None, m)])]
     if not methods:
@@ -125,8 +127,6 @@ def fairness_curves(groups: Groups, setting: str, size: str = "page") -> Any | N
 
 def final_task_bars(groups: Groups, setting: str, size: str = "page") -> Any:
     """``bars-<setting>``: final per-task test score per method (mean ± 1σ over seeds; paper Figure 2)."""
-    from fedhv.results.plots import _figure, method_color
-
     methods = ordered_methods({m for s, v, m in groups if s == setting and v is None})
     tasks = groups[(setting, None, methods[0])][0].summary.get("tasks") or []
     fig, ax = _figure(size, 0.45)
