@@ -172,7 +172,7 @@ def test_scale_free_slack_golden_values_and_calibrated_range() -> None:
                             {"0": [[2.3, 0.7], [1.1, 0.5]], "1": [[2.2, 0.69], [0.9, 0.6]]})
     assert calibrated_range(cal) == pytest.approx([2.45 - 0.9, 0.85 - 0.5])
     with pytest.raises(fedhv.ConfigError, match="calibrated-range\" needs a calibration"):
-        fedhv.FedHV(reference=[1.0, 1.0], slack_scale="calibrated-range").build([1.0, 1.0], None, 0)
+        fedhv.FedHV(reference=[1.0, 1.0], slack_scale="calibrated-range").algorithm([1.0, 1.0], None)
 
 
 def test_scale_free_variant_changes_the_weights_and_the_default_does_not() -> None:
@@ -252,7 +252,7 @@ def _tokens() -> fedhv.FederatedDataset:
 def test_token_ids_and_module_dict_heads_split_by_task_name(caplog) -> None:
     from fedhv.api.simulate import _base_config, _benchmark, _train_keys
     from fedhv.data.user import registered
-    from fedhv.experiment.methods import _slices
+    from fedhv.experiment.methods import RunContext
     from fedhv.experiment.setup import federated_data
 
     data = _tokens()
@@ -265,7 +265,7 @@ def test_token_ids_and_module_dict_heads_split_by_task_name(caplog) -> None:
     model = TokenBag()
     cfg = fedhv.FSMGDA().configure(_base_config(model, data, "t", 1, 3, train, 0, "batched", "fp32", None, 1, 3.0))
     with registered(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu")):
-        slices = _slices(cfg, federated_data(cfg))
+        slices = RunContext(cfg, federated_data(cfg)).task_slices()
     assert [len(h) for h in slices.heads] == [8 * 3 + 3, 8 + 1]  # each task's own head, by name
     with pytest.raises(fedhv.ConfigError, match=r"nn.ModuleDict keyed \['a', 'b'\]; key it by the task names"):
         fedhv.simulate(TokenBag(("a", "b")), data, fedhv.FSMGDA(), rounds=1, progress=False)
