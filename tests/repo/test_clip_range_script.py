@@ -1,4 +1,4 @@
-"""``benchmarks/secure_clip_range.py``: its per-round maxima of what SecAgg+ would mask are the maxima
+"""``perf/secure_clip_range.py``: its per-round maxima of what SecAgg+ would mask are the maxima
 of the clients' updates and reports, recomputed here independently with the sequential engine."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fedhv.weighting import hv_weights
 
 from conftest import REPO, SMALL
 
-SCRIPT = REPO / "benchmarks" / "secure_clip_range.py"
+SCRIPT = REPO / "perf" / "secure_clip_range.py"
 REFERENCE = [3.0, 3.0]  # above MultiMNIST's initial losses (about 2.3)
 
 

@@ -1,4 +1,4 @@
-"""``benchmarks/last_evals.py``: the last scheduled evaluations of a real (small) run, recomputed here from the
+"""``perf/last_evals.py``: the last scheduled evaluations of a real (small) run, recomputed here from the
 run's ``History`` — the extra final evaluation after a round that is not on the schedule is left out."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import fedhv
 
 from conftest import REPO
 
-SCRIPT = REPO / "benchmarks" / "last_evals.py"
+SCRIPT = REPO / "perf" / "last_evals.py"
 
 
 def _script() -> ModuleType:

@@ -1,4 +1,4 @@
-"""``benchmarks/round_time.py``'s end-to-end projection (the paper's Table 13 accounting)."""
+"""``perf/round_time.py``'s end-to-end projection (the paper's Table 13 accounting)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from fedhv.config import load_config
 
 from conftest import REPO
 
-BENCHMARKS = REPO / "benchmarks"
+PERF = REPO / "perf"
 
 
 @pytest.fixture(scope="module")
 def script():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(PERF))
     try:
         import round_time
 
         yield round_time
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path.remove(str(PERF))
 
 
 @pytest.mark.parametrize(("rounds", "period", "final", "evals"), [(500, 3, True, 167), (300, 3, True, 100),
@@ -49,11 +49,11 @@ def test_end_to_end_adds_evaluations_to_all_and_the_calibration_to_fedhv(script)
 
 
 def test_peak_flop_counts_match_torchs_flop_counter() -> None:
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(PERF))
     try:
         import peak
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path.remove(str(PERF))
 
     a = torch.randn(48, 48)
     x, w = torch.randn(3, 5, 16, 16), torch.randn(7, 5, 3, 3)

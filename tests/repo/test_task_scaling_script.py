@@ -1,4 +1,4 @@
-"""``benchmarks/task_scaling.py``: its m derived tasks are the documented relabelling of
+"""``perf/task_scaling.py``: its m derived tasks are the documented relabelling of
 MultiMNIST's two digits, and every method trains a model with m heads on them."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from fedhv.models import get_flat
 from conftest import REPO
 from helpers import small_config, small_data
 
-BENCHMARKS = REPO / "benchmarks"
+PERF = REPO / "perf"
 
 
 @pytest.fixture(scope="module")
 def script():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCHMARKS))  # task_scaling imports round_time as the script does
+    sys.path.insert(0, str(PERF))  # task_scaling imports round_time as the script does
     try:
         import task_scaling
 
         yield task_scaling
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path.remove(str(PERF))
 
 
 def test_derived_tasks_relabel_the_two_digits(script) -> None:  # type: ignore[no-untyped-def]

@@ -61,7 +61,7 @@ _STATE = {"enabled": True}
 def plain_forward() -> contextlib.AbstractContextManager[None]:
     """Within the block :func:`inference_forward` returns ``None``: every pass runs ``model(x)``.
 
-    For benchmarks (``benchmarks/round_time.py`` times both paths in one process) and for
+    For timing (``perf/round_time.py`` times both paths in one process) and for
     FLOP counting (``torch.utils.flop_counter`` counts ``aten.convolution``, not oneDNN's
     ``mkldnn_convolution``).
     """

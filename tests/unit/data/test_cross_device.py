@@ -165,7 +165,7 @@ def test_scale_benchmark_runs_and_splits_each_round(tmp_path: Path) -> None:
     from conftest import REPO
 
     out = tmp_path / "scale.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scale.py"), "--clients", "300", "--per-round",
+    proc = subprocess.run([sys.executable, str(REPO / "perf" / "scale.py"), "--clients", "300", "--per-round",
                            "5,400", "--rounds", "1", "--json", str(out)], capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

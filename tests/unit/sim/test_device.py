@@ -6,7 +6,7 @@ device but no values), where mixing in a CPU tensor raises exactly as it does on
 (``Tensor on device cpu is not on the expected device meta!``). So any plan, weight or
 sketch tensor left on the CPU fails these tests. Some meta kernels (matrix products)
 do not check devices, so :class:`SameDevice` also checks every torch call's tensor
-arguments, with CUDA's rules. ``benchmarks/device_check.py`` checks the values on a
+arguments, with CUDA's rules. ``perf/device_check.py`` checks the values on a
 real GPU.
 """
 

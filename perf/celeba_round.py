@@ -7,7 +7,7 @@ CelebA (which may not be redistributed).
 
 Usage::
 
-    python benchmarks/celeba_round.py [--engine batched|sequential] [--chunk C] [--rounds R]
+    python perf/celeba_round.py [--engine batched|sequential] [--chunk C] [--rounds R]
                                       [--variant fused|vmap] [--precision fp32|bf16] [--profile N]
 
 ``--variant vmap`` hides ``ResNet18GN.forward_batched`` so that the batched engine falls

@@ -2,7 +2,7 @@
 
 Usage::
 
-    FEDHV_DATA=../shared/data python benchmarks/round_time.py [SETTING] [--rounds R]
+    FEDHV_DATA=../shared/data python perf/round_time.py [SETTING] [--rounds R]
         [--methods fedhv,uniform,fsmgda,fedcmoo] [--set k=v ...] [--no-sequential] [--profile N [--profile-only]]
 
 Part 1 times FedHV rounds with both engines: seconds per round (median of ``R`` timed
@@ -149,7 +149,7 @@ def main() -> None:
     flops = counter.get_total_flops() + rep_flops
     peak = fp32_peak(measure(torch.device(cfg.device), (torch.float32,), (2048,)))
     print(f"\nFedHV round: {flops / 1e9:.2f} GFLOP (report pass {rep_flops / 1e9:.2f}); measured fp32 peak "
-          f"{peak:.1f} GFLOP/s (benchmarks/peak.py: 2048-matmul and 64-channel 3x3 convolution)")
+          f"{peak:.1f} GFLOP/s (perf/peak.py: 2048-matmul and 64-channel 3x3 convolution)")
     print(f"{'engine':<11} {'s/round':>8} {'reports':>8} {'training':>9} {'GFLOP/s':>8} {'rep GF/s':>8} "
           f"{'trn GF/s':>8} {'CPU s':>7} {'% peak':>6}")
     results: dict[str, float] = {}

@@ -1,6 +1,6 @@
 """The pairing test of the CIFAR10–MNIST gap (issue 31): does the image–digit pairing carry information?
 
-    FEDHV_DATA=../shared/data python benchmarks/cifar_pairing.py RUN_DIR [--seeds 0,1,2]
+    FEDHV_DATA=../shared/data python perf/cifar_pairing.py RUN_DIR [--seeds 0,1,2]
 
 CIFAR10–MNIST pastes MNIST digit ``i mod 60,000`` (``10,000`` in the test split) onto CIFAR-10
 image ``i`` (:mod:`fedhv.data.cifar_mnist`). The workplace CIFAR-10 copy is an image folder read

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/module_engine.py [--rounds R] [--clients-per-round M] [--hidden H]
+    python perf/module_engine.py [--rounds R] [--clients-per-round M] [--hidden H]
 
 A two-task MLP with ``nn.Dropout`` (a standard module, not one of fedhv's fused models)
 trained with Uniform weights through the public API (``fedhv.simulate``) on synthetic

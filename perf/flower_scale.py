@@ -1,6 +1,6 @@
 """Scale: the Flower App on Flower's Simulation Engine against fedhv's simulator, same N and M.
 
-    FEDHV_DATA=... python benchmarks/flower_scale.py [--nodes 1000,10000] [--per-round 100] [--rounds 3]
+    FEDHV_DATA=... python perf/flower_scale.py [--nodes 1000,10000] [--per-round 100] [--rounds 3]
 
 For each N in ``--nodes``: MultiMNIST's model and data (``partition.samples_per_client`` 64, so
 every client-round costs the same at every N; the partition recycles samples above N = 937),

@@ -2,7 +2,7 @@
 
 Usage::
 
-    FEDHV_DATA=../shared/data python benchmarks/task_scaling.py [--tasks 2,5,10] [--rounds R]
+    FEDHV_DATA=../shared/data python perf/task_scaling.py [--tasks 2,5,10] [--rounds R]
         [--methods uniform,fedhv,fsmgda,fedcmoo] [--set k=v ...]
 
 MultiMNIST has two tasks (the left and the right digit). For ``m`` tasks, task ``j`` asks for

@@ -1,6 +1,6 @@
 """Cross-device scale of the simulator: seconds per round against the population N and the clients per round M.
 
-    FEDHV_DATA=... python benchmarks/scale.py [--clients 1000,10000,100000] [--per-round 10,100,1000]
+    FEDHV_DATA=... python perf/scale.py [--clients 1000,10000,100000] [--per-round 10,100,1000]
                                               [--methods uniform,fedhv] [--rounds 3] [--json FILE]
 
 The multimnist-xd preset (LeNet, log-normal client sizes of mean 24, K = 10, batch 32) with

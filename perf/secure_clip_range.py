@@ -2,7 +2,7 @@
 
 Usage::
 
-    FEDHV_DATA=../shared/data python benchmarks/secure_clip_range.py SETTING [SETTING ...]
+    FEDHV_DATA=../shared/data python perf/secure_clip_range.py SETTING [SETTING ...]
         [--methods fedhv,uniform,fsmgda] [--rounds R] [--set k=v ...] [--clip C] [--out FILE]
         [--synthetic-celeba DIR [--synthetic-images N]]
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None:
         overrides.append(f"rounds={args.rounds}")
     results: list[dict[str, Any]] = []
-    command = " ".join(["python benchmarks/secure_clip_range.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python perf/secure_clip_range.py", *(sys.argv[1:] if argv is None else argv)])
     for setting in args.settings:
         for method in args.methods.split(","):
             cfg = load_config(setting, [f"method={method}", *overrides])

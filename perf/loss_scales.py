@@ -8,7 +8,7 @@ maximum, so its slack is the largest and its weight the smallest. The scale-free
 range ``r_i - min_t F_i^t``. Runs FedHV, the variant and Uniform for several seeds and prints
 the worst-task and per-task accuracy (mean +- std) as a markdown table.
 
-    FEDHV_DATA=../shared/data python benchmarks/loss_scales.py --seeds 0,1,2 --rounds 100
+    FEDHV_DATA=../shared/data python perf/loss_scales.py --seeds 0,1,2 --rounds 100
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The same grid on the local process pool and on Ray, on this machine: Ray's overhead.
 
-    FEDHV_DATA=... python benchmarks/grid_backends.py [--rounds 30] [--seeds 0,42,2026]
+    FEDHV_DATA=... python perf/grid_backends.py [--rounds 30] [--seeds 0,42,2026]
 
 MultiMNIST, the four methods × the seeds (FedHV's 20-round calibration included), each grid
 into a fresh folder, one after the other:

@@ -7,7 +7,7 @@ to the model-update size.
 
 Usage::
 
-    python benchmarks/payload.py
+    python perf/payload.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Mean ± sample std of a run's last scheduled test evaluations, up to a round (issue 31's JPEG proxy).
 
-    python benchmarks/last_evals.py RUN_DIR [RUN_DIR ...] [--until 150] [--last 10]
+    python perf/last_evals.py RUN_DIR [RUN_DIR ...] [--until 150] [--last 10]
 
 For every run directory, the evaluations in ``metrics.jsonl`` whose round is a multiple of the
 run's test period (the scheduled ones, B.5; an extra final evaluation is left out) and at most

@@ -1,6 +1,6 @@
 """Seconds per round on Flower against both simulator engines, measured in one run.
 
-    FEDHV_DATA=... python benchmarks/flower_round.py [--rounds 5] [--nodes 3] [--repeats 1]
+    FEDHV_DATA=... python perf/flower_round.py [--rounds 5] [--nodes 3] [--repeats 1]
 
 One configuration (MultiMNIST full size, ``--nodes`` clients all sampled every round, float32,
 FedHV with the paper's reference so no calibration runs) through three paths, one after the

@@ -2,8 +2,8 @@
 
 Usage (on a GPU machine; fedhv on ``PYTHONPATH=src`` is enough)::
 
-    PYTHONPATH=src python benchmarks/device_check.py --data-dir DATA --out device_check.json
-    PYTHONPATH=src python benchmarks/device_check.py --device cpu --quick --data-dir DATA --out smoke.json
+    PYTHONPATH=src python perf/device_check.py --data-dir DATA --out device_check.json
+    PYTHONPATH=src python perf/device_check.py --device cpu --quick --data-dir DATA --out smoke.json
 
 ``DATA`` must hold the MNIST IDX files (``mnist/`` or ``MNIST/raw/``); nothing is downloaded.
 

@@ -1,7 +1,7 @@
 """The JPEG proxy of the CIFAR10–MNIST gap (issue 31): re-encode the workplace CIFAR-10 JPEGs once more.
 
-    python benchmarks/cifar_jpeg_proxy.py --data-dir ../shared/data --out /tmp/cifar-q75 --quality keep
-    python benchmarks/cifar_jpeg_proxy.py --data-dir ../shared/data --out /tmp/cifar-q50 --quality 50
+    python perf/cifar_jpeg_proxy.py --data-dir ../shared/data --out /tmp/cifar-q75 --quality keep
+    python perf/cifar_jpeg_proxy.py --data-dir ../shared/data --out /tmp/cifar-q50 --quality 50
     FEDHV_DATA=/tmp/cifar-q75 fedhv run cifar10-mnist-b --method uniform --rounds 150
 
 The workplace CIFAR-10 is a JPEG re-encoding (quality ≈ 75, 4:2:0 chroma subsampling; the data

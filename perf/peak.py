@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/peak.py [--device cpu|cuda] [--threads N]
+    python perf/peak.py [--device cpu|cuda] [--threads N]
 
 Times dense square matrix products (``n = 1024, 2048, 4096``) and a 3x3, 64 -> 64 channel
 convolution on a 64 x 64 x 32 x 32 channels-last batch, in float32 and bfloat16, and
