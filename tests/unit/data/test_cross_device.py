@@ -158,7 +158,7 @@ def test_flower_refuses_unequal_sizes_and_diagnostics() -> None:
             load_config("multimnist-xd", [f"partition.{key}={value}"])
 
 
-def test_scale_benchmark_runs_and_splits_each_round(tmp_path: Path) -> None:
+def test_scale_script_runs_and_splits_each_round(tmp_path: Path) -> None:
     import subprocess
     import sys
 
