@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhv import safe_io
 from fedhv.config import load_config
 from fedhv.config.schema import RunConfig
 from fedhv.data.benchmarks import BUILDERS, Benchmark
@@ -109,9 +110,7 @@ class Report:
 
     def write(self) -> None:
         self.doc["elapsed_s"] = round(time.perf_counter() - self.start, 2)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.doc, indent=1, default=str) + "\n")
-        os.replace(tmp, self.path)
+        safe_io.write_json(self.path, self.doc, default=str)  # atomic: a killed check leaves the last complete doc
 
     def run(self, section: str, name: str, seconds: float, fn: Callable[[], dict[str, Any]]) -> None:
         """Run one time-boxed item into ``doc[section][name]``; never raises."""

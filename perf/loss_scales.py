@@ -14,7 +14,6 @@ the worst-task and per-task accuracy (mean +- std) as a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 import fedhv
+from fedhv import safe_io
 from fedhv.data.idx import load_mnist
 
 
@@ -83,8 +83,7 @@ def main() -> None:
                   f"weights {weights and [round(w, 3) for w in weights]} ({time.perf_counter() - start:.0f} s)",
                   file=sys.stderr, flush=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+        safe_io.write_json(args.json, results)
 
     def ms(values: list[float]) -> str:
         sd = statistics.stdev(values) if len(values) > 1 else 0.0

@@ -103,8 +103,9 @@ def main() -> int:
         results.append(json.loads(res.stdout.strip().splitlines()[-1]))
     render(results, per_round, methods)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+        from fedhv import safe_io
+
+        safe_io.write_json(args.json, results)
     return 0
 
 
