@@ -8,12 +8,12 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from fedhv.cli_args import UsageError  # re-exported: this module's name before cli_args
+from fedhv.cli_args import csv_list as _csv_list
+from fedhv.cli_args import method_arg as _method
+from fedhv.cli_args import quote as _quote
 from fedhv.cli_grid import add_grid_parser, run_grid_command
 from fedhv.errors import FedHVError
-
-
-class UsageError(FedHVError):
-    """Wrong command-line usage."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -129,13 +129,6 @@ def _version() -> str:
         return __version__
 
 
-def _method(name: str) -> str:
-    """A method name with the registered ones matched case-insensitively (``FedHV`` -> ``fedhv``)."""
-    from fedhv.config.loader import method_name
-
-    return method_name(name)
-
-
 def _preset_line(name: str) -> str:
     """One line describing preset ``name``: benchmark, partition, participation, rounds, K."""
     from fedhv.config.loader import load_setting
@@ -163,10 +156,6 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         if value is not None:
             out.append(f"{key}={_quote(value) if isinstance(value, str) else value}")
     return out
-
-
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -380,16 +369,6 @@ def _resume(args: argparse.Namespace) -> int:
     _print_summary(resume_experiment(args.resume, progress=not args.quiet, device=args.device,
                                      accept_changed_code=args.accept_changed_code))
     return 0
-
-
-def _csv_list(flag: str, text: str, cast: type) -> list:
-    try:
-        items = [cast(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: give a comma-separated list, e.g. {flag} 0,42,2026") from None
-    if not items:
-        raise UsageError(f"{flag} is empty")
-    return items
 
 
 def _finished_runs(folder: str, final_eval: bool = False) -> list:

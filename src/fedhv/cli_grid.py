@@ -49,7 +49,10 @@ def _check_resources(args: argparse.Namespace, error: type[Exception]) -> None:
 
 def run_grid_command(args: argparse.Namespace) -> int:
     """``fedhv grid``: plan, then run on the local pool or on Ray; exit 1 when a run failed."""
-    from fedhv.cli import UsageError, _csv_list, _method, _quote
+    from fedhv.cli_args import UsageError
+    from fedhv.cli_args import csv_list as _csv_list
+    from fedhv.cli_args import method_arg as _method
+    from fedhv.cli_args import quote as _quote
     from fedhv.experiment.grid import plan_grid, run_grid
 
     _check_resources(args, UsageError)

@@ -11,15 +11,36 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fedhv.config import load_config, to_dict
 from fedhv.config.loader import config_from_toml_text
 from fedhv.errors import FedHVError
 from fedhv.results.rundir import read_bytes_nofollow
 
-if TYPE_CHECKING:
-    from fedhv.experiment.grid import Job
+
+class Job(Protocol):
+    """What the checks read of a grid's job (:class:`fedhv.experiment.grid.Job`)."""
+
+    @property
+    def source(self) -> str:
+        """The setting's preset name or TOML file."""
+        ...
+
+    @property
+    def run_dir(self) -> str:
+        """The job's run directory."""
+        ...
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The job's ``--set`` overrides."""
+        ...
+
+    @property
+    def calibration(self) -> str | None:
+        """The shared calibration file, if the method uses one."""
+        ...
 
 
 class GridError(FedHVError):

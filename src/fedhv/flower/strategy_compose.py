@@ -9,7 +9,7 @@ from typing import Any
 from flwr.serverapp.strategy import FedAvg
 
 from fedhv.errors import ConfigError
-from fedhv.flower.strategy import FedHVStrategy, FedHVWeighting, UniformStrategy, _init
+from fedhv.flower.strategy_weighting import FedHVStrategy, FedHVWeighting, UniformStrategy, _init
 
 __all__ = ["composition_problem", "fedhv_strategy"]
 

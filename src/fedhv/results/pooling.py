@@ -10,12 +10,38 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fedhv.errors import FedHVError
 
-if TYPE_CHECKING:
-    from fedhv.results.collect import Run
+
+class Run(Protocol):
+    """What pooling reads (and labels) of a run (:class:`fedhv.results.collect.Run`)."""
+
+    path: Path
+    config: dict[str, Any]
+    variant: tuple[str, Any] | None
+    config_label: str | None
+
+    @property
+    def base_setting(self) -> str:
+        """The run's setting as configured."""
+        ...
+
+    @property
+    def setting(self) -> str:
+        """The setting, with :attr:`config_label` when set."""
+        ...
+
+    @property
+    def method(self) -> str:
+        """The run's method."""
+        ...
+
+    @property
+    def seed(self) -> int:
+        """The run's training seed."""
+        ...
 
 
 class PooledRunsError(FedHVError):
