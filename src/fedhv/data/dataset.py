@@ -130,6 +130,7 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
         raise ConfigError(f"clients = {clients!r} must be an integer >= 1 (how many clients the rule makes)")
     ids_out = None
     if isinstance(spec, str) and spec == "dirichlet":
+        assert clients is not None  # set above (the rule's default: 10 clients)
         if strata is None:
             first = next((i for i, t in enumerate(tasks) if t.kind == "classification"), None)
             col = sum(t.width for t in tasks[:first]) if first is not None else None
@@ -137,6 +138,7 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
         s = samples_per_client or n // clients
         return torch.from_numpy(dirichlet_partition(np.asarray(strata), clients, s, alpha, seed)), None
     if isinstance(spec, str) and spec == "dirichlet-disjoint":
+        assert clients is not None  # set above (the rule's default: 10 clients)
         if strata is None:
             first = next((i for i, t in enumerate(tasks) if t.kind == "classification"), None)
             col = sum(t.width for t in tasks[:first]) if first is not None else None

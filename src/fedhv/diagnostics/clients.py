@@ -27,14 +27,15 @@ import torch
 from torch import nn
 
 from fedhv.data.federated import FederatedData
+from fedhv.data.parts import ClientParts
 from fedhv.metrics.evaluate import per_sample_losses, task_metric_list
 
 
-def membership(parts: Any, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def membership(parts: ClientParts, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(rows, owner, sizes)``: every (client, sample) pair of the partition, flat.
 
     ``rows[j]`` is a sample index held by client ``owner[j]``; ``sizes[k]`` = samples of client ``k``.
-    Works for the equal-size ``[N, S]`` tensor and for :class:`~fedhv.api.dataset.RaggedParts`.
+    Works for the equal-size ``[N, S]`` tensor and for :class:`~fedhv.data.parts.RaggedParts` (:class:`~fedhv.data.parts.ClientParts`).
     """
     if isinstance(parts, torch.Tensor):
         n, s = (int(parts.shape[0]), int(parts.shape[1])) if parts.ndim == 2 else (int(parts.shape[0]), 0)

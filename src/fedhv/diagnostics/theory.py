@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhv.data.parts import ClientParts
 from fedhv.diagnostics.clients import membership
 from fedhv.rng import numpy_rng
 from fedhv.weighting import min_norm
@@ -43,7 +44,7 @@ from fedhv.weighting import min_norm
 PROBE_CHUNK = 256
 
 
-def draw_probe(parts: Any, size: int, seed: int) -> np.ndarray:
+def draw_probe(parts: ClientParts, size: int, seed: int) -> np.ndarray:
     """``size`` sample indices drawn with replacement from the clients' mixture.
 
     Each draw picks a client uniformly among those with samples, then one of its samples
