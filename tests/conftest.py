@@ -17,16 +17,22 @@ if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))
 
 
-def _data_root() -> Path:
+#: The one reason line of every test skipped for want of the real data (``needs_data``).
+NO_DATA = ("needs the real data (MNIST / Fashion-MNIST, CIFAR-10): set FEDHV_DATA to a folder with mnist/ and "
+           "fashion-mnist/ (docs/testing.md)")
+#: ``FEDHV_REQUIRE_DATA=1`` (CI: ``.ci/run``): no data is an error of the whole run, not a skip.
+REQUIRE_DATA = os.environ.get("FEDHV_REQUIRE_DATA", "").strip().lower() not in ("", "0", "false", "no", "off")
+#: Tests under ``tests/e2e/`` start real processes (Flower deployments, Ray, grid workers, ``fedhv``
+#: commands): they are all ``deploy`` (docs/testing.md, "Tiers").
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def _data_root() -> Path | None:
+    """``$FEDHV_DATA`` if set, else the workplace copy ``../shared/data``; ``None`` when it holds no ``mnist/``
+    (``FEDHV_DATA=/nowhere pytest`` runs the suite as on a machine without the data)."""
     env = os.environ.get("FEDHV_DATA")
-    candidates = [Path(env)] if env else []
-    candidates += [REPO.parent / "shared" / "data"]
-    for c in candidates:
-        if (c / "mnist").is_dir():
-            return c.resolve()
-    raise RuntimeError(
-        "tests need the MNIST / Fashion-MNIST files: set FEDHV_DATA to a folder with mnist/ and fashion-mnist/"
-    )
+    root = Path(env) if env else REPO.parent / "shared" / "data"
+    return root.resolve() if (root / "mnist").is_dir() else None
 
 
 DATA_ROOT = _data_root()
@@ -62,15 +68,23 @@ def _keep_freed_memory() -> None:
 def _environment(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Real data, and one derived-data cache per test session: shared by the xdist workers
     (their base folders ``popen-gwN`` sit in one session folder), so the CIFAR-10 JPEGs are
-    decoded once per session, not once per worker (``fedhv.data.cache`` locks each build)."""
-    os.environ["FEDHV_DATA"] = str(DATA_ROOT)
+    decoded once per session, not once per worker (``fedhv.data.cache`` locks each build).
+    Without the data, ``FEDHV_DATA`` names an empty folder: a test that reads data without
+    being marked ``needs_data`` fails with fedhv's own "not found" error instead of reading
+    (or downloading into) the user's ``~/.cache/fedhv/data``."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    if DATA_ROOT is None:
+        empty = shared / "no-data"
+        empty.mkdir(exist_ok=True)
+        os.environ["FEDHV_DATA"] = str(empty)
+    else:
+        os.environ["FEDHV_DATA"] = str(DATA_ROOT)
     # user benchmarks of the tests (bn_benchmark:make_benchmark) import in every process, Flower nodes included
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SUPPORT), os.environ.get("PYTHONPATH", "")) if p)
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         _one_thread_per_worker()
     _keep_freed_memory()
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     cache = shared / "fedhv-cache"
     cache.mkdir(exist_ok=True)
     os.environ.setdefault("FEDHV_CACHE", str(cache))
@@ -95,7 +109,20 @@ SHARED_UNITS = {"test_flower.py": "flower_deployment", "test_flower_faults.py": 
                 "test_file_safety.py": "small_grid", "test_received_values.py": "small_grid"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``FEDHV_REQUIRE_DATA=1`` a missing data folder stops the run before any test (exit 4)."""
+    if DATA_ROOT is None and REQUIRE_DATA:
+        raise pytest.UsageError(f"FEDHV_REQUIRE_DATA is set and no data was found: the suite {NO_DATA}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test under ``tests/e2e/`` ``deploy`` and every test asking for the ``data_root``
+    fixture ``needs_data``; orders the files heaviest first."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.deploy)
+        if "data_root" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.needs_data)
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise
 
@@ -115,8 +142,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return SharedFixtureScheduling(config, log)  # type: ignore[arg-type]
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``needs_data`` test skips without the data, before its fixtures are built: one reason
+    line for all of them (``-rs``: ``SKIPPED [n] tests/conftest.py:…``)."""
+    if DATA_ROOT is None and item.get_closest_marker("needs_data") is not None:
+        pytest.skip(NO_DATA)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
+    """The real data's root; a test asking for it skips without the data (same reason line)."""
+    if DATA_ROOT is None:
+        pytest.skip(NO_DATA)
     return DATA_ROOT
 
 

@@ -51,6 +51,7 @@ def paper_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.needs_data
 def test_paper_reference_is_table6(paper_run: Path) -> None:
     summary = json.loads((paper_run / "summary.json").read_text())
     assert summary["reference"] == TABLE6_MULTIMNIST and summary["reference_source"] == "paper Table 6"
@@ -58,6 +59,7 @@ def test_paper_reference_is_table6(paper_run: Path) -> None:
     assert summary["end_to_end"]["rounds"] == 3  # no calibration rounds to add
 
 
+@pytest.mark.needs_data
 def test_rho_clip_floors_the_slack_in_every_round(paper_run: Path) -> None:
     """next w = (1 / max(r - F, rho)) / sum, recomputed from each round's averaged report."""
     r = np.array(TABLE6_MULTIMNIST)
@@ -73,6 +75,7 @@ def test_rho_clip_floors_the_slack_in_every_round(paper_run: Path) -> None:
     assert [rec["weights"] for rec in rounds[1:]] == [rec["next_weights"] for rec in rounds[:-1]]
 
 
+@pytest.mark.needs_data
 def test_summary_reference_diagnostics_follow_from_rounds(paper_run: Path) -> None:
     """min_report_slack = min over t, i of r_i - F_i^t; floor activations summed; checks = T * m."""
     summary = json.loads((paper_run / "summary.json").read_text())
@@ -83,6 +86,7 @@ def test_summary_reference_diagnostics_follow_from_rounds(paper_run: Path) -> No
     assert summary["floor_checks"] == 3 * 2
 
 
+@pytest.mark.needs_data
 def test_resume_of_a_completed_run_changes_nothing(paper_run: Path) -> None:
     before = {p.name: p.read_bytes() for p in paper_run.iterdir() if p.is_file() and not p.name.startswith(".")}
     summary = resume_experiment(paper_run, progress=False)
@@ -118,6 +122,7 @@ def _spy_checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return written
 
 
+@pytest.mark.needs_data
 def test_checkpoint_period_adds_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """test_period = 3, period = 2, 5 rounds: after the evaluation of round 3, the last round (5)
     and every second round (2, 4)."""
@@ -141,6 +146,7 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, round_idx: int) -> None:
     monkeypatch.setattr(loop.SimFederation, "exchange", failing_exchange)
 
 
+@pytest.mark.needs_data
 def test_disabled_checkpoints_and_resume_before_the_first_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """With ``checkpoint.enabled = false`` nothing is checkpointed, not even on interrupt; the
@@ -175,6 +181,7 @@ def test_disabled_checkpoints_and_resume_before_the_first_checkpoint(
     _assert_same_run(full, part)
 
 
+@pytest.mark.needs_data
 def test_calibration_is_not_subject_to_faults(tmp_path: Path) -> None:
     """A faulty FedHV run's calibration equals the fault-free calibration, report for report."""
     faulty = small_config("rounds=2", "faults.client_dropout=0.5", "faults.corrupt_reports=0.5")
@@ -188,6 +195,7 @@ def test_calibration_is_not_subject_to_faults(tmp_path: Path) -> None:
     assert got["bytes_up"] == expected.bytes_up  # every calibration client answered
 
 
+@pytest.mark.needs_data
 def test_grid_with_two_workers_equals_plain_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sets = [a for o in SMALL for a in ("--set", o)]
     out = tmp_path / "grid"

@@ -18,6 +18,8 @@ from fedhv.weighting import hv_weights
 
 from conftest import REPO, SMALL
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 SCRIPT = REPO / "perf" / "secure_clip_range.py"
 REFERENCE = [3.0, 3.0]  # above MultiMNIST's initial losses (about 2.3)
 

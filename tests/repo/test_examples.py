@@ -69,6 +69,7 @@ def test_hv_centralized_example_module_and_adapter_agree_and_learn() -> None:
     assert float(_line(out, "max |theta_module").rsplit(" ", 1)[1]) == 0.0  # the two ways are the same update
 
 
+@pytest.mark.needs_data
 def test_mnist_writers_example_bn_mixed_tasks_small_and_empty_clients() -> None:
     """Issue 27's own problem: fedhv's scores of History.model equal a plain-PyTorch evaluation."""
     out = _run("mnist_writers.py")

@@ -15,6 +15,8 @@ from fedhv.models import get_flat
 from conftest import REPO
 from helpers import small_config, small_data
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 PERF = REPO / "perf"
 
 

@@ -16,6 +16,8 @@ import pytest
 from conftest import SMALL
 from helpers import cli
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 
 def fedhv(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(

@@ -74,6 +74,7 @@ def test_safe_child_path_sets_the_variable_for_the_block_only() -> None:
     assert os.environ.get("PYTHONSAFEPATH") == before
 
 
+@pytest.mark.needs_data
 def test_grid_spawn_workers_import_nothing_from_the_working_directory(tmp_path: Path) -> None:
     """``fedhv grid --workers 2`` (the console script, as a user runs it) from a folder holding
     ``threading.py``, ``argparse.py`` and ``json.py``: before, the resource tracker and both spawn

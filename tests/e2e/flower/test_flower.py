@@ -34,6 +34,7 @@ LOCAL_OPTIONS = ['train.optimizer="adamw"', "train.optimizer_options={weight_dec
                  "train.clip_grad_norm=0.5", "train.local_epochs=1", 'train.aggregation="samples"']
 
 
+@pytest.mark.needs_data
 @needs_flwr
 @pytest.mark.parametrize(("method", "extra"), [("fedhv", []), ("fedcmoo", []), ("uniform", LOCAL_OPTIONS)],
                          ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples"])
@@ -151,6 +152,7 @@ def test_flower_keeps_frozen_parameters_and_matches_both_engines(flower_deployme
         assert a["clients"] == b["clients"] and a["rejected_clients"] == a["dropped_clients"] == 0, a
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_failed_server_app_is_an_error(flower_deployment: Deployment, tmp_path: Path) -> None:
     """``flwr run`` exits 0 when the ServerApp fails; the deployment still reports the failure."""

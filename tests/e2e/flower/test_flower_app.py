@@ -81,6 +81,7 @@ def _ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
+@pytest.mark.needs_data
 @needs_flwr
 @pytest.mark.skipif(not _ray_available(), reason="the Simulation Engine needs ray: pip install -e '.[flower]'")
 def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path: Path) -> None:

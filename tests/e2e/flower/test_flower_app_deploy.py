@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from e2e.flower.test_flower_app import ROOT, SETS, assert_equals_fedhv_run
 from flower_support import needs_flwr
+
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
 
 
 @needs_flwr

@@ -64,6 +64,7 @@ def test_the_serverapp_token_is_redacted_from_the_recorded_command_line() -> Non
                                    "<redacted>", "--run-once", "--token=<redacted>"]
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_the_log_a_warning_names_is_kept_when_the_run_then_succeeds(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,6 +138,7 @@ def test_one_client_per_node_validates_the_overrides_with_the_nodes_count() -> N
         local_config("multimnist", 0)
 
 
+@pytest.mark.needs_data
 def test_a_process_serving_many_virtual_nodes_keeps_small_bounded_client_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """Found measuring item 5: at 10,000 virtual SuperNodes one Simulation Engine actor grew to
     14 GB (every client's data carried a full [N, S] partition copy, and every client was kept)."""

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedhv.config import load_config
 from fedhv.experiment.runner import run_experiment
@@ -42,6 +43,7 @@ def test_flower_command_without_flwr_is_a_one_line_error(tmp_path: Path) -> None
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
     """``fedhv flower local`` as a real process, each SuperNode serving its own data file (written by
@@ -90,6 +92,7 @@ def test_flower_local_command_end_to_end(tmp_path: Path) -> None:
     assert_gone(seen)
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_flower_local_sigterm_stops_every_process(tmp_path: Path) -> None:
     """SIGTERM to ``fedhv flower local`` mid-start: exit 143, and every process it started is gone."""

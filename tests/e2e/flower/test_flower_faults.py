@@ -56,6 +56,7 @@ def _samerounds_of(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
                 np.testing.assert_allclose(x[key], y[key], rtol=0, atol=1e-10)
 
 
+@pytest.mark.needs_data
 def test_resume_with_garbage_clients_matches_simulator(flower_deployment: Deployment, tmp_path: Path) -> None:
     """A run interrupted after round 1 (kill -9), resumed on Flower, whose nodes send the configured
     garbage (NaN / inf / short reports, truncated / non-finite updates): the same rejections,
@@ -77,6 +78,7 @@ def test_resume_with_garbage_clients_matches_simulator(flower_deployment: Deploy
     assert json.loads((part / "summary.json").read_text())["rounds"] == 4
 
 
+@pytest.mark.needs_data
 def test_supernode_killed_mid_round_is_dropped(flower_deployment: Deployment, tmp_path: Path) -> None:
     """kill -9 of a SuperNode while it holds a round-2 message: that stage finishes with the other
     clients after the stage timeout, the loss is counted in ``dropped_clients`` and the run
@@ -121,6 +123,7 @@ def test_supernode_killed_mid_round_is_dropped(flower_deployment: Deployment, tm
     assert json.loads((result["run"] / "summary.json").read_text())["rounds"] == 2
 
 
+@pytest.mark.needs_data
 def test_held_gradients_are_bound_to_their_model() -> None:
     """The ClientApp (real handlers, in process) uses held gradients for a first step only when they
     were computed at the stage's model: stale ones are refused, never silently used."""

@@ -15,10 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fedhv.config import load_config
 from flower_support import needs_flwr, rounds_of
 
 from conftest import SMALL
+
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
 
 
 def _flwr(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

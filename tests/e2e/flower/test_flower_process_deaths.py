@@ -15,6 +15,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from e2e.flower.test_flower_process_lifetime import (
     _assert_all_gone,
     _cmdline,
@@ -27,6 +29,8 @@ from e2e.flower.test_flower_process_lifetime import (
 from flower_support import needs_flwr, rounds_of
 
 from helpers import from_a_shell, signal_state
+
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
 
 
 @needs_flwr

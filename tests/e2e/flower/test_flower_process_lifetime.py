@@ -21,6 +21,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from fedhv.config import load_config
@@ -203,6 +204,7 @@ def _assert_all_gone(seen: set[int], token: str | None, at_once: bool = False) -
     assert _wait(lambda: not marked(token), 15), f"marked processes left: {marked(token)}"
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_kill9_of_flower_local_leaves_nothing_and_resume_is_bit_identical(tmp_path: Path) -> None:
     """``kill -9`` of the launcher after 2 of 4 rounds: every process it (and Flower) started is gone,

@@ -241,6 +241,7 @@ def _fedhv_round_is_exact(cfg: RunConfig, r: dict[str, Any], record: Path) -> tu
     return err_d, err_r
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_secure_fedhv_equals_the_plain_average_within_the_quantization_step(
         fedhv_run: tuple[RunConfig, Path, Path, str]) -> None:
@@ -266,6 +267,7 @@ def test_secure_fedhv_equals_the_plain_average_within_the_quantization_step(
     assert theta_of(run).dtype == torch.float64
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_secure_run_resumed_after_round_1_keeps_round_1_and_continues_exactly(
         fedhv_run: tuple[RunConfig, Path, Path, str]) -> None:
@@ -295,6 +297,7 @@ def test_secure_run_resumed_after_round_1_keeps_round_1_and_continues_exactly(
     assert json.loads((run / "summary.json").read_text())["rounds"] == 2
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_tls_auth_and_secagg_run_is_complete(secure_deployment: Secure,
                                               fedhv_run: tuple[RunConfig, Path, Path, str]) -> None:
@@ -312,6 +315,7 @@ def test_tls_auth_and_secagg_run_is_complete(secure_deployment: Secure,
     assert config_from_toml_text((run / "config.toml").read_text()).flower.secure_aggregation
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_secure_fsmgda_recovers_clients_lost_between_stages_and_skips_below_threshold(
         secure_deployment: Secure, tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ def _kill_all(pids: list[int]) -> None:
                 pass
 
 
+@pytest.mark.needs_data
 @linux_only
 def test_workers_die_with_a_killed_grid(tmp_path: Path) -> None:
     """Issue 10.3: ``kill -9`` of the grid left its workers running (two writers on a re-run)."""
@@ -109,6 +110,7 @@ def test_workers_die_with_a_killed_grid(tmp_path: Path) -> None:
     assert (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
 
 
+@pytest.mark.needs_data
 @linux_only
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_stop_cancels_the_queue_and_checkpoints_the_running_run(tmp_path: Path, how: str) -> None:

@@ -117,6 +117,7 @@ def _table(folder: Path) -> list[str]:
     return rows
 
 
+@pytest.mark.needs_data
 def test_two_node_ray_grid_survives_a_killed_node_and_equals_the_local_grid(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.cluster_utils import Cluster
@@ -214,6 +215,7 @@ def with_suppress_kill(pid: int) -> None:
 RAY_AGENTS = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_command_continues(
         tmp_path: Path, how: signal.Signals) -> None:

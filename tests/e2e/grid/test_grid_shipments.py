@@ -131,6 +131,7 @@ def _fedhv(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
                           timeout=300, check=False)
 
 
+@pytest.mark.needs_data
 def test_a_second_driver_on_a_busy_grid_folder_is_refused_naming_the_first(tmp_path: Path) -> None:
     from fedhv.flower.lifetime import alive, descendants
 
@@ -211,6 +212,7 @@ def _grid(out: Path, rounds: int) -> tuple[list, list]:
     return plan_grid(["multimnist"], ["uniform"], [0], out, [*SETS, f"rounds={rounds}"])
 
 
+@pytest.mark.needs_data
 def test_a_shipped_run_ends_clean_and_each_run_records_its_storage_mode(local_ray: object, tmp_path: Path) -> None:
     from fedhv.experiment.grid_ray import RayOptions, run_grid_ray
     from fedhv.results.collect import find_runs

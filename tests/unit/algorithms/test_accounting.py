@@ -12,6 +12,8 @@ from fedhv.weighting.randsvd import compression_rank, near_square_shape
 
 from helpers import small_config
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 D_ENC, D_HEAD, M = 28_515, 3_060, 2
 D = D_ENC + M * D_HEAD
 

@@ -58,6 +58,7 @@ def test_uniform_has_fixed_weights_and_no_reports() -> None:
     torch.testing.assert_close(res.theta, torch.ones(2))
 
 
+@pytest.mark.needs_data
 def test_calibration_reference_is_max_report_plus_margin() -> None:
     cfg = small_config("calibration.rounds=3", "calibration.seeds=[0, 42]", "calibration.margin=0.15")
     result = calibrate(cfg, small_data(cfg))

@@ -109,6 +109,7 @@ def _setup(*overrides: str):  # type: ignore[no-untyped-def]
     return cfg, data, model, engine
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("engine_name", ["sequential", "batched"])
 def test_aggregation_uses_only_the_valid_clients(engine_name: str) -> None:
     """A FedHV round with faults equals a clean round over the clients that stayed valid.
@@ -146,6 +147,7 @@ def test_aggregation_uses_only_the_valid_clients(engine_name: str) -> None:
     assert np.isfinite(faulty.state.weights).all()
 
 
+@pytest.mark.needs_data
 def test_round_without_valid_clients_keeps_model_and_weights() -> None:
     _, data, model, engine = _setup()
     theta = get_flat(model).clone()
@@ -160,6 +162,7 @@ def test_round_without_valid_clients_keeps_model_and_weights() -> None:
     assert all(len(r.rejected) == 4 and "report" in r.rejected[0][1] for r in records)
 
 
+@pytest.mark.needs_data
 def test_fedcmoo_survives_faults_between_its_stages() -> None:
     """Clients rejected in the gradient stage are not asked to train; the model stays finite."""
     _, data, model, engine = _setup("train.clients_per_round=6")
@@ -174,6 +177,7 @@ def test_fedcmoo_survives_faults_between_its_stages() -> None:
     assert any(r.rejected and not r.skipped for r in records)
 
 
+@pytest.mark.needs_data
 def test_faulty_run_records_counts_and_reasons(tmp_path: Path) -> None:
     cfg = small_config("rounds=6", "faults.client_dropout=0.25", "faults.corrupt_reports=0.2",
                        "faults.corrupt_updates=0.1")

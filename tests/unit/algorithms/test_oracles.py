@@ -107,6 +107,7 @@ def test_fedhv_round_uses_its_rho_clip() -> None:
     assert res.log["floor_activations"] == 1 and res.log["min_slack"] == pytest.approx(0.1)
 
 
+@pytest.mark.needs_data
 def test_configured_rho_clip_reaches_the_weight_map() -> None:
     """``fedhv.rho_clip`` from the configuration floors the slack of the built FedHV."""
     from fedhv.experiment.methods import build_method
@@ -151,6 +152,7 @@ def test_fsmgda_collinear_updates_take_the_reference_boundary_weights(scale0: fl
     torch.testing.assert_close(res.theta, expected, rtol=0, atol=1e-14)
 
 
+@pytest.mark.needs_data
 def test_fsmgda_built_from_the_preset_uses_the_boundary_weights() -> None:
     """The configured FSMGDA (preset defaults, real LeNet layout) on collinear updates."""
     from fedhv.experiment.methods import build_method

@@ -60,6 +60,7 @@ def test_values_that_size_memory_are_bounded_before_any_data(override: str, word
     _one_error_line(proc, *words)
 
 
+@pytest.mark.needs_data
 def test_a_batch_above_the_largest_client_is_refused_before_training(tmp_path: Path) -> None:
     """Unequal (lognormal) sizes: only the partition knows the largest client; a batch above it sized
     the batch plan (``[steps, batch]`` per client) whatever the clients hold."""

@@ -53,6 +53,7 @@ def test_lognormal_sizes_have_the_configured_mean_spread_and_bounds() -> None:
     assert np.array_equal(client_sizes(100, 24, 1.0, 2, 7, 1000), client_sizes(100, 24, 1.0, 2, 7, 1000))
 
 
+@pytest.mark.needs_data
 def test_the_cross_device_partition_runs_on_both_engines_identically(tmp_path: Path) -> None:
     over = [*XD_SMALL, "partition.sizes='lognormal'", "dtype='float64'", "diagnostics.enabled=true",
             "diagnostics.probe_samples=64"]
@@ -110,6 +111,7 @@ def test_participation_factor_golden_values() -> None:
     assert participation_factor(1, 1) == 0.0
 
 
+@pytest.mark.needs_data
 def test_gradient_dissimilarity_equals_a_brute_force_loop() -> None:
     cfg = small_config()
     report = gradient_dissimilarity(cfg)
@@ -135,6 +137,7 @@ def test_gradient_dissimilarity_equals_a_brute_force_loop() -> None:
     assert sampled["clients_used"] == 3 and all(0 < z < 10 * report["zeta_sq"][0] for z in sampled["zeta_sq"])
 
 
+@pytest.mark.needs_data
 def test_partition_stats_prints_chi_sizes_and_dissimilarity(capsys: pytest.CaptureFixture[str]) -> None:
     from fedhv.cli import main
 
@@ -158,6 +161,7 @@ def test_flower_refuses_unequal_sizes_and_diagnostics() -> None:
             load_config("multimnist-xd", [f"partition.{key}={value}"])
 
 
+@pytest.mark.needs_data
 def test_scale_script_runs_and_splits_each_round(tmp_path: Path) -> None:
     import subprocess
     import sys

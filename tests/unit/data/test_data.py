@@ -122,6 +122,7 @@ def test_mnist_fmnist_pairs_are_a_permutation(data_root: Path) -> None:
     assert bench.task_names == ("digit", "fashion")
 
 
+@pytest.mark.needs_data
 def test_federated_data_holds_exactly_the_partitioned_samples_in_order() -> None:
     """``FederatedData.from_benchmark`` converts only the samples some client holds: every client's
     samples (images, labels, order) equal the normalised benchmark samples at its original

@@ -138,6 +138,7 @@ def test_partition_stats_reports_the_heterogeneity_of_every_rule(celeba_root: Pa
     assert "* all-attributes" in text and "  task-representatives = all-label" in text
 
 
+@pytest.mark.needs_data
 def test_partition_stats_validates_only_the_partition_keys(tmp_path: Path) -> None:
     proc = fedhv("partition-stats", "multimnist", "--set", "partition.clients=6",
                  "--set", "partition.samples_per_client=20")

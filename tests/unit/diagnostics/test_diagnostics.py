@@ -82,6 +82,7 @@ def test_fairness_summary_and_jain_golden_values() -> None:
     assert jain_index(np.array([-1.0, 2.0])) is None
 
 
+@pytest.mark.needs_data
 def test_client_means_equal_a_plain_loop_over_clients() -> None:
     cfg = small_config()
     data = small_data(cfg)
@@ -110,6 +111,7 @@ def test_probe_draws_clients_uniformly_not_samples() -> None:
     assert not np.array_equal(rows, draw_probe(parts, 20000, seed=2))
 
 
+@pytest.mark.needs_data
 def test_task_gradients_equal_autograd_of_the_probe_mean() -> None:
     cfg = small_config()
     data = small_data(cfg)
@@ -127,6 +129,7 @@ def test_task_gradients_equal_autograd_of_the_probe_mean() -> None:
     assert grads.shape == (data.num_tasks, sum(p.numel() for p in params))
 
 
+@pytest.mark.needs_data
 def test_full_participation_reports_equal_the_population_objective(tmp_path: Path) -> None:
     """M = N and whole-dataset reports: FedHV's averaged report is f(theta^t) itself (A.7's error is
     only the client sampling and the report budget), and the stale-weight error is ||W(F^{t-1}) - W(F^t)||_1."""
@@ -151,6 +154,7 @@ def test_full_participation_reports_equal_the_population_objective(tmp_path: Pat
     assert all(r.get("diagnostics") is None for r in rounds if r["round"] - 1 not in {m["round"] for m in metrics})
 
 
+@pytest.mark.needs_data
 def test_partial_participation_has_a_report_error_and_uniform_uses_fedhvs_reference(tmp_path: Path) -> None:
     fedhv = run_experiment(small_config(*DIAG), tmp_path / "fedhv", progress=False)
     uniform = run_experiment(small_config(*DIAG, "method='uniform'"), tmp_path / "uniform", progress=False)
@@ -168,6 +172,7 @@ def test_partial_participation_has_a_report_error_and_uniform_uses_fedhvs_refere
         assert len(d["clients"]["score"]) == 2 and d["clients"]["score"][0]["worst"] <= entry["task_acc"][0] + 50
 
 
+@pytest.mark.needs_data
 def test_diagnostics_period_and_bad_values(tmp_path: Path) -> None:
     run_experiment(small_config(*DIAG, "diagnostics.period=2", "eval.test_period=1", "rounds=5"),
                    tmp_path / "run", progress=False)
@@ -189,6 +194,7 @@ def test_flower_refuses_diagnostics(tmp_path: Path) -> None:
     assert not any((tmp_path / "run").glob("*.json*"))
 
 
+@pytest.mark.needs_data
 def test_resume_after_an_evaluation_gives_the_uninterrupted_diagnostics(tmp_path: Path, monkeypatch) -> None:
     cfg = small_config(*DIAG, "rounds=5")
     run_experiment(cfg, tmp_path / "full", progress=False)

@@ -91,6 +91,7 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.mark.needs_data
 @pytest.mark.usefixtures("_one_thread")
 def test_calibration_uses_the_configured_alpha() -> None:
     """The CIFAR10-MNIST mechanism (alpha only) on MultiMNIST: run alpha 0.15, calibration alpha 0.30."""

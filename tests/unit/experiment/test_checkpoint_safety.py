@@ -88,6 +88,7 @@ class _CreatesMarker:
         return (open, (str(self.marker), "w"))
 
 
+@pytest.mark.needs_data
 def test_checkpoint_with_code_is_refused_without_running_it(run: Path, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     marker = tmp_path / "pwned"
@@ -119,6 +120,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) or (a != a and b != b)  # noqa: PLR0124 - NaN matches NaN
 
 
+@pytest.mark.needs_data
 def test_every_flipped_bit_is_detected_or_harmless(run: Path) -> None:
     """A bit flipped anywhere in checkpoint.pt: unreadable or digest mismatch, or no change at all."""
     path = run / CHECKPOINT_FILE
@@ -191,6 +193,7 @@ def _other_kind(p: dict[str, Any]) -> None:
     p["state"] = {"kind": "uniform", "data": {"num_tasks": 2}}
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize(("change", "message"), [
     (_set("round", 4), r"round = 4 is outside the configured rounds \[0, 3\]"),
     (_set("round", -1), r"round = -1 is invalid; expected an integer >= 0"),
@@ -213,6 +216,7 @@ def test_out_of_range_checkpoint_fields_are_rejected(run: Path, change: Callable
     assert {name: (run / name).read_bytes() for name in before} == before  # nothing was repaired or resumed
 
 
+@pytest.mark.needs_data
 def test_edited_calibration_is_refused_on_resume_and_in_grids(run: Path) -> None:
     path = run / "calibration.json"
     stored = json.loads(path.read_text())
@@ -247,6 +251,7 @@ sys.exit(main(["run", "--resume", sys.argv[1], "--quiet"]))
 """
 
 
+@pytest.mark.needs_data
 def test_failed_checkpoint_write_is_one_line_and_keeps_the_previous(run: Path) -> None:
     """A real resume process whose files may not exceed half a checkpoint (RLIMIT_FSIZE)."""
     ckpt = (run / CHECKPOINT_FILE).read_bytes()

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from fedhv.experiment.runner import resume_experiment, run_experiment
 from fedhv.results.rundir import read_jsonl
 
 from helpers import small_config
+
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
 
 
 def _chunk(tmp_path: Path, *overrides: str) -> dict:

@@ -32,6 +32,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return cli("run", "multimnist", *sets, *args, "--quiet")
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize(("override", "says"), [
     ("train.lr_local=50", "the global model's norm grew from"),   # huge but finite updates
     ("train.lr_global=1e39", "the global model has non-finite values"),  # theta overflows float32
@@ -49,6 +50,7 @@ def test_diverging_run_exits_2_naming_the_round_and_the_learning_rates(tmp_path:
     assert read_jsonl(tmp_path / "run" / "rounds.jsonl") == []  # the diverged round is not recorded
 
 
+@pytest.mark.needs_data
 def test_poisoned_update_stops_the_run_and_the_checkpoint_is_the_last_good_round(tmp_path: Path) -> None:
     """One client's update x 1e30 passes the finiteness checks; the exploded model must not be kept."""
     cfg = small_config("method=\"uniform\"", "rounds=8", "checkpoint.period=1", "faults.poison_updates=0.1")
@@ -61,6 +63,7 @@ def test_poisoned_update_stops_the_run_and_the_checkpoint_is_the_last_good_round
     assert [r["round"] for r in read_jsonl(tmp_path / "run" / "rounds.jsonl")] == [1, 2]
 
 
+@pytest.mark.needs_data
 def test_rounds_lost_to_non_finite_training_stop_the_run_but_rounds_lost_to_faults_do_not(tmp_path: Path) -> None:
     """Every client's local SGD overflows: today every round is skipped and the run 'completes'."""
     cfg = small_config("method=\"uniform\"", "rounds=6", "checkpoint.period=1", "train.lr_local=1e6")
@@ -77,6 +80,7 @@ def test_rounds_lost_to_non_finite_training_stop_the_run_but_rounds_lost_to_faul
     assert run_experiment(faulty, tmp_path / "faulty", progress=False)["skipped_rounds"] == 4
 
 
+@pytest.mark.needs_data
 def test_diverged_calibration_is_refused_before_the_run_directory_exists(tmp_path: Path) -> None:
     """Today: a KeyError traceback (calibration rounds without a report)."""
     cfg = small_config("train.lr_local=50", "calibration.rounds=3")
@@ -85,6 +89,7 @@ def test_diverged_calibration_is_refused_before_the_run_directory_exists(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize(("reports", "says"), [
     ([[2.30, 2.31], [3.1, 2.9], [1.5e9, 4.8e9]], ("calibration round 3 (seed 0): the averaged report [1.5e+09, 4.8e+09] "
                                                  "grew past 10x round 1's [2.3, 2.31]")),
@@ -102,6 +107,7 @@ def test_a_calibration_whose_reports_exploded_is_refused(reports: list[list[floa
     assert says in str(err.value) and "lower train.lr_local=0.3 or train.lr_global=1.2" in str(err.value)
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("bound", ["validation.max_update_norm=100", "validation.max_update_norm_ratio=10"])
 def test_update_norm_bounds_reject_poisoned_updates_like_invalid_replies(tmp_path: Path, bound: str) -> None:
     cfg = small_config("method=\"uniform\"", "rounds=8", "faults.poison_updates=0.1", bound)
@@ -133,6 +139,7 @@ def test_norm_bounds_unit() -> None:
     assert norm_outliers([reply(1), reply(50)], ReplySpec(2, 4, train_rows=1)) == [None, None]  # off by default
 
 
+@pytest.mark.needs_data
 def test_a_valid_corrupted_reply_is_aggregated_whether_or_not_another_client_is_rejected() -> None:
     """Sequential engine: a poisoned (finite) update is returned as sent, with or without another rejection.
 

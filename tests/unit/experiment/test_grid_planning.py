@@ -49,6 +49,7 @@ def test_two_settings_of_one_name_are_refused_and_a_repeated_setting_runs_once(t
     assert not (tmp_path / "cli").exists()
 
 
+@pytest.mark.needs_data
 def test_grid_runs_a_toml_setting_given_by_a_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 10.2: jobs stored the file's stem ('mine') instead of its path and all failed."""
@@ -66,6 +67,7 @@ def test_grid_runs_a_toml_setting_given_by_a_relative_path(tmp_path: Path, monke
     assert sources == {str(tmp_path / "settings" / "mine.toml")}  # absolute: resolves in any worker
 
 
+@pytest.mark.needs_data
 def test_rerun_with_other_arguments_is_refused_before_running(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 10.5: a re-run with other --rounds / --set reported stale runs as 'already done'."""

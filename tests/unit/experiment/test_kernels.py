@@ -25,6 +25,7 @@ from repo.test_claims import _interrupt_at, _Stop
 from helpers import small_config
 
 
+@pytest.mark.needs_data
 def test_environment_records_the_cpu_kernels(tmp_path: Path) -> None:
     run_experiment(small_config("rounds=1"), tmp_path / "r", progress=False)
     kernels = json.loads((tmp_path / "r" / "environment.json").read_text())["kernels"]
@@ -43,6 +44,7 @@ def test_kernel_selecting_variables_are_recorded() -> None:
     assert other != kernel_fingerprint()
 
 
+@pytest.mark.needs_data
 def test_resume_on_other_kernels_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:
     cfg = small_config("rounds=3", "eval.test_period=1")

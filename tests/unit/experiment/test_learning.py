@@ -28,6 +28,8 @@ from fedhv.experiment import run_experiment
 
 from conftest import SMALL
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 LN10 = math.log(10)
 
 LEARN = [

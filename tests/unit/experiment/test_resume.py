@@ -58,6 +58,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize(
     ("engine", "method", "extra"),
     [
@@ -123,6 +124,7 @@ def test_truncate_jsonl_reports_torn_lines_and_later_records(tmp_path: Path) -> 
         truncate_jsonl(path, 3)
 
 
+@pytest.mark.needs_data
 def test_resume_rejects_changed_config_and_non_run_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ResumeError, match="not a fedhv run directory"):
         resume_experiment(tmp_path, progress=False)
@@ -170,6 +172,7 @@ def uninterrupted_cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return full
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize(("pause", "checkpoint", "evaluated"), [(5, 4, [2, 4]), (1, 0, [])])
 def test_kill_9_then_resume_matches_uninterrupted_run(pause: int, checkpoint: int, evaluated: list[int],
                                                       uninterrupted_cli_run: Path, tmp_path: Path) -> None:
@@ -220,6 +223,7 @@ def _checkpoint_round(run: Path) -> int:
     return 0 if ckpt is None else ckpt.round
 
 
+@pytest.mark.needs_data
 def test_resume_cli_rejects_extra_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--resume`` with a SETTING or an option that would change the run is refused before the
     directory is touched; the same, genuinely resumable directory resumes without them.

@@ -201,6 +201,7 @@ def test_the_handshake_keeps_good_facts() -> None:
     assert nodes.nodes == {0: 20, 1: 21} and nodes.served[1] == {"samples": 300}
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("bad_report", [[1e6, 0.1], [-1e6, 2.0], [nan, 1.0]], ids=["outlier", "negative", "nan"])
 def test_one_node_cannot_own_the_calibrated_reference(bad_report: list[float],
                                                       caplog: pytest.LogCaptureFixture) -> None:

@@ -30,6 +30,7 @@ def _text() -> str:
     return dumps(to_dict(load_config("multimnist", CFG)))
 
 
+@pytest.mark.needs_data
 def test_own_file_node_equals_builtin_partition_node(tmp_path: Path) -> None:
     text = _text()
     cfg = load_config("multimnist", CFG)
@@ -46,6 +47,7 @@ def test_own_file_node_equals_builtin_partition_node(tmp_path: Path) -> None:
     assert np.abs(a.deltas).max() > 0  # training really moved the model
 
 
+@pytest.mark.needs_data
 def test_own_file_node_never_reads_the_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load_config("multimnist", CFG)
     path = export_partition(cfg, 0, tmp_path / "c0.npz")
@@ -60,6 +62,7 @@ def test_own_file_node_never_reads_the_benchmark(tmp_path: Path, monkeypatch: py
         NodeWorker(text, 0, 4)
 
 
+@pytest.mark.needs_data
 def test_exported_file_holds_the_partition_rows_in_order(tmp_path: Path) -> None:
     cfg = load_config("multimnist", CFG)
     bench, parts = load_data(cfg)
@@ -101,6 +104,7 @@ def test_missing_file_and_wrong_image_size_are_named_errors(tmp_path: Path) -> N
         NodeWorker(_text(), 0, 4, str(path))
 
 
+@pytest.mark.needs_data
 def test_flower_export_command_writes_one_file_per_node(tmp_path: Path) -> None:
     sets = [x for item in SMALL for x in ("--set", item)]
     res = cli("flower", "export", "multimnist", "--nodes", "3", *sets, "--out", str(tmp_path))
@@ -136,6 +140,7 @@ def test_damaged_node_files_name_the_file_and_the_fix(tmp_path: Path, damage: st
     assert str(path) in str(info.value)
 
 
+@pytest.mark.needs_data
 def test_a_node_file_smaller_than_the_batch_trains_by_the_small_client_rule(tmp_path: Path) -> None:
     """Issue 28, item 6: a node with fewer samples than the batch was rejected every round; now its
     batches repeat its samples (fedhv.sim.plan's rule, the API's), so it trains and reports."""

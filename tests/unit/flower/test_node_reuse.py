@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedhv.experiment.setup import federated_data
 from fedhv.flower.node import node_data, partition_data
 
 from helpers import small_config
+
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
 
 
 def _same(a, b) -> bool:  # type: ignore[no-untyped-def]

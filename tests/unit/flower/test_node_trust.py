@@ -90,6 +90,7 @@ def test_a_node_runs_a_benchmark_its_operator_allowed(planted: tuple[str, Path])
     assert NodeTrust.from_node_config({"allow-benchmarks": f"{ref},a.b:c"}, {}).allow_benchmarks == {ref, "a.b:c"}
 
 
+@pytest.mark.needs_data
 def test_a_node_reads_its_own_data_root_not_the_servers(tmp_path: Path) -> None:
     """``data.root`` and ``data.download = true`` from the server: the node loads its data from its own
     ``FEDHV_DATA``, creates nothing at the server's path and downloads nothing."""
@@ -110,6 +111,7 @@ def test_a_node_reads_its_own_data_root_not_the_servers(tmp_path: Path) -> None:
         NodeTrust.from_node_config({"data-download": "yes"}, {})
 
 
+@pytest.mark.needs_data
 def test_a_node_keeps_its_own_thread_count() -> None:
     from fedhv.flower.node import NodeWorker
 

@@ -127,6 +127,7 @@ def test_killed_builds_and_private_builds_leave_nothing(built: Path, tmp_path: P
     assert not list(tmp.glob("fedhv-kernels-*"))
 
 
+@pytest.mark.needs_data
 def test_the_switch_is_recorded_and_a_resume_with_another_warns(tmp_path: Path) -> None:
     from conftest import SMALL
 

@@ -49,6 +49,7 @@ def _trained_like(model: torch.nn.Module, seed: int = 3, scale: float = 0.05) ->
     return model.eval()
 
 
+@pytest.mark.needs_data
 def test_inference_forward_equals_model_forward_float32() -> None:
     """The oneDNN-layout forward of LeNet (real MultiMNIST images) and of the CIFAR CNN
     gives ``model(x)``'s outputs to float32 round-off, sample by sample."""
@@ -108,6 +109,7 @@ def test_inference_forward_only_where_it_applies() -> None:
     assert inference_forward(amp_module(model, "bf16"), x) is None
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("dtype,atol", [("float64", 1e-12), ("float32", 1e-5)])
 def test_per_sample_losses_rows_equal_per_sample_oracle(dtype: str, atol: float) -> None:
     """``rows`` (unsorted, repeated, more than one chunk) evaluates exactly those samples in that order."""
@@ -125,6 +127,7 @@ def test_per_sample_losses_rows_equal_per_sample_oracle(dtype: str, atol: float)
     assert (distinct[:-1] - distinct[1:]).abs().amax(1).min() > 1e-4  # neighbouring rows differ
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("dtype,atol", [("float64", 1e-12), ("float32", 2e-6)])
 def test_evaluate_tasks_equals_per_sample_oracle(dtype: str, atol: float) -> None:
     """Test accuracy and mean loss equal the per-sample loop over the whole test set."""
@@ -152,6 +155,7 @@ class _ShortBat(BatchedEngine):
         return idx[:SHORT] if client == 2 else idx
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("dtype,atol", [("float64", 1e-12), ("float32", 2e-6)])
 def test_batched_reports_equal_per_client_reference(dtype: str, atol: float) -> None:
     """The one-pass report of the batched engine equals the sequential engine's per-client
@@ -175,6 +179,7 @@ def test_batched_reports_equal_per_client_reference(dtype: str, atol: float) -> 
         assert (means[:, None] - means[None]).abs().amax(-1).add(torch.eye(len(clients), dtype=means.dtype)).min() > 1e-4
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("compiled", [True, False])
 def test_report_pass_gathers_chunks_in_fast_layout(compiled: bool) -> None:
     """The float32 report pass gathers one chunk of samples at a time (``min(eval_batch_size,

@@ -144,6 +144,7 @@ def _fedhv(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, check=False)
 
 
+@pytest.mark.needs_data
 def test_table_out_refuses_a_planted_link_and_leaves_its_target(small_grid: Path, tmp_path: Path) -> None:
     out = tmp_path / "tables"
     out.mkdir()
@@ -157,6 +158,7 @@ def test_table_out_refuses_a_planted_link_and_leaves_its_target(small_grid: Path
     assert (out / "table11.md").is_symlink()  # refused, not replaced: the user decides
 
 
+@pytest.mark.needs_data
 def test_plot_refuses_a_planted_link_and_leaves_its_target(small_grid: Path, tmp_path: Path) -> None:
     first = _fedhv("plot", str(small_grid), "--out", str(tmp_path / "fresh"), "--formats", "png")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -172,6 +174,7 @@ def test_plot_refuses_a_planted_link_and_leaves_its_target(small_grid: Path, tmp
     assert f"{out / name} is a symbolic link" in proc.stderr, proc.stderr
 
 
+@pytest.mark.needs_data
 def test_flower_export_never_writes_through_a_planted_temporary_name(tmp_path: Path) -> None:
     """The old export wrote ``client-K.npz.tmp.npz`` and renamed it: a link planted under that name
     was written through. Now the temporary file is exclusive and unpredictable."""
@@ -191,6 +194,7 @@ def test_flower_export_never_writes_through_a_planted_temporary_name(tmp_path: P
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
 
 
+@pytest.mark.needs_data
 def test_export_refuses_an_output_that_is_a_link(tmp_path: Path) -> None:
     out = tmp_path / "nodes"
     out.mkdir()
@@ -207,6 +211,7 @@ def test_export_refuses_an_output_that_is_a_link(tmp_path: Path) -> None:
 # -- a resume never writes into a file shared with another name -----------------------------------------
 
 
+@pytest.mark.needs_data
 def test_resume_replaces_a_hard_linked_run_file_by_a_private_copy(tmp_path: Path) -> None:
     sets = [a for o in SMALL for a in ("--set", o)]
     run = tmp_path / "run"
@@ -228,6 +233,7 @@ def test_resume_replaces_a_hard_linked_run_file_by_a_private_copy(tmp_path: Path
     assert (run / "summary.json").is_file()
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("name", ["summary.json", "config.toml"])
 def test_resume_of_a_run_whose_file_is_a_fifo_is_refused_at_once(tmp_path: Path, name: str) -> None:
     """A received run directory whose ``summary.json`` / ``config.toml`` is a FIFO: the resume

@@ -22,6 +22,8 @@ from fedhv.results.tables import build_tables, table1, table10
 
 from conftest import REPO, SMALL
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 SETS = [a for o in SMALL for a in ("--set", o)]
 
 

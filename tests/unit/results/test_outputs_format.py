@@ -70,6 +70,7 @@ def _check_tex_structure(tex: str) -> None:
         assert line.count("$") % 2 == 0, f"unpaired math shift in {line!r}"
 
 
+@pytest.mark.needs_data
 def test_latex_is_ascii_balanced_with_the_caption_once_and_compiles(grid: Path, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["table", str(grid), "--format", "latex", "--paper"]) == 0
@@ -97,6 +98,7 @@ def test_latex_is_ascii_balanced_with_the_caption_once_and_compiles(grid: Path, 
 # ---------------------------------------------------------------------------------------------- CSV
 
 
+@pytest.mark.needs_data
 def test_csv_is_tidy_long_format_with_one_header(grid: Path, runs: list[Run],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["table", str(grid), "--format", "csv", "--paper"]) == 0
@@ -129,6 +131,7 @@ def test_csv_is_tidy_long_format_with_one_header(grid: Path, runs: list[Run],
     assert list(frame.columns) == list(CSV_HEADER) and len(frame) == len(rows)
 
 
+@pytest.mark.needs_data
 def test_table_out_writes_one_file_per_table(grid: Path, tmp_path: Path) -> None:
     proc = fedhv("table", str(grid), "--format", "csv", "--out", str(tmp_path / "csv"))
     assert proc.returncode == 0, proc.stderr
@@ -153,6 +156,7 @@ def _as_paper_setting(runs: list[Run]) -> list[Run]:
     return [dataclasses.replace(r, config={**preset, "method": r.method, "seed": r.seed}) for r in runs]
 
 
+@pytest.mark.needs_data
 def test_paper_delta_is_flagged_when_the_runs_setting_differs(grid: Path, runs: list[Run],
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["table", str(grid), "--table", "1", "--paper"]) == 0
@@ -169,6 +173,7 @@ def test_paper_delta_is_flagged_when_the_runs_setting_differs(grid: Path, runs: 
     assert len(delta) == 1 and delta[0][2].text == f"{fedhv_acc - 90.72:+.2f}" and not t1.warnings
 
 
+@pytest.mark.needs_data
 def test_notes_say_what_tables_9_and_11_hold(runs: list[Run]) -> None:
     t9, t11 = build_tables(runs, ["9", "11"])
     assert ("No best / second-best marks: the paper ranks FSMGDA, FedCMOO and FedHV, and these runs have only FedHV "
@@ -206,6 +211,7 @@ def figures(runs: list[Run]) -> Iterator[Any]:
         plt.close(fig)
 
 
+@pytest.mark.needs_data
 def test_round_axes_have_integer_ticks_and_sparse_curves_markers(runs: list[Run], figures: Any) -> None:
     for stem, fig in figures(runs).items():
         if "bars-" in stem:  # final per-task bars (Figure 2): tasks on the x axis
@@ -221,12 +227,14 @@ def test_round_axes_have_integer_ticks_and_sparse_curves_markers(runs: list[Run]
                     assert line.get_marker() == "o", (stem, line.get_label())
 
 
+@pytest.mark.needs_data
 def test_figure_width_per_size(runs: list[Run], figures: Any) -> None:
     for size, width in (("column", 3.3), ("page", 6.9)):
         for stem, fig in figures(runs, size).items():
             assert fig.get_figwidth() == pytest.approx(width), (size, stem)
 
 
+@pytest.mark.needs_data
 def test_each_method_has_one_colour_in_every_figure(runs: list[Run], figures: Any) -> None:
     # Two methods of the user's ("mymethod", "othermethod": Uniform's and FedHV's runs relabelled) on
     # MultiMNIST, and "othermethod" alone on a second setting: its colour must not depend on the figure.
@@ -249,6 +257,7 @@ def test_each_method_has_one_colour_in_every_figure(runs: list[Run], figures: An
     assert set.union(*colours.values()).isdisjoint(COLORS.values())  # not confused with one of them
 
 
+@pytest.mark.needs_data
 def test_paper_figure_20_is_named_after_its_number(runs: list[Run], figures: Any) -> None:
     relabelled = [dataclasses.replace(r, summary={**r.summary, "setting": "cifar10-mnist-b"}) for r in runs]
     assert list(figures(relabelled)) == ["curves-cifar10-mnist-b", "tasks-cifar10-mnist-b", "weights-cifar10-mnist-b",
@@ -269,6 +278,7 @@ def test_version_and_one_line_preset_descriptions() -> None:
             "batch 32, K = 10, test every 3 rounds") in lines
 
 
+@pytest.mark.needs_data
 def test_method_names_are_case_insensitive(tmp_path: Path) -> None:
     proc = fedhv("show-config", "multimnist", "--method", "FedCMOO")
     assert proc.returncode == 0, proc.stderr

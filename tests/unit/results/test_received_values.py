@@ -51,6 +51,7 @@ BAD_DIAGNOSTICS = {
 PLOTTED = ("string-scalar", "clients-not-objects")
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("damage", list(BAD_DIAGNOSTICS))
 def test_table_and_plot_skip_a_malformed_diagnostics_value(tree: Path, tmp_path: Path, damage: str) -> None:
     run = tree / RUN
@@ -68,6 +69,7 @@ def test_table_and_plot_skip_a_malformed_diagnostics_value(tree: Path, tmp_path:
     assert "warning: skipped the diagnostics of" in plot.stderr
 
 
+@pytest.mark.needs_data
 def test_valid_diagnostics_values_are_kept(tree: Path) -> None:
     from fedhv.results.collect import find_runs
 
@@ -78,6 +80,7 @@ def test_valid_diagnostics_values_are_kept(tree: Path) -> None:
     assert all(e["diagnostics"] == good for e in runs[("fedhv", 1)].metrics)
 
 
+@pytest.mark.needs_data
 def test_a_fifo_in_a_received_run_is_skipped_not_waited_for(tree: Path) -> None:
     run = tree / RUN
     (run / "metrics.jsonl").unlink()
@@ -94,6 +97,7 @@ def _strict(text: str) -> object:
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.needs_data
 def test_partition_stats_gradients_json_is_strict(small_grid: Path, tmp_path: Path) -> None:
     """A diverged model (NaN parameters) gives NaN gradient statistics: written as null, never NaN."""
     import torch

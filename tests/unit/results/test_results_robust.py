@@ -18,6 +18,8 @@ from fedhv.results.plots import make_figures
 from fedhv.results.table_model import RENDERERS
 from fedhv.results.tables import build_tables
 
+pytestmark = pytest.mark.needs_data  # every test here reads the real data
+
 
 @pytest.fixture(scope="module")
 def grid(small_grid: Path) -> Path:

@@ -40,6 +40,7 @@ def _copy(run: Path, tmp_path: Path) -> Path:
     return dst
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("name", [".lock", "metrics.jsonl", "rounds.jsonl", "config.toml"])
 def test_a_planted_link_is_refused_and_its_target_untouched(finished: Path, tmp_path: Path, name: str) -> None:
     run = _copy(finished, tmp_path)

@@ -115,6 +115,7 @@ def _copy(src: Path, dst: Path) -> Path:
 # --------------------------------------------------------------------------- item 1: never mix two runs
 
 
+@pytest.mark.needs_data
 def test_out_holding_a_finished_run_is_refused_and_overwrite_replaces_it(
         finished: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(finished[0], tmp_path / "run")
@@ -132,6 +133,7 @@ def test_out_holding_a_finished_run_is_refused_and_overwrite_replaces_it(
     assert json.loads((run / "summary.json").read_text())["method"] == "uniform"
 
 
+@pytest.mark.needs_data
 def test_out_holding_an_unfinished_run_is_refused_even_with_overwrite(
         finished: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(finished[0], tmp_path / "run")
@@ -147,6 +149,7 @@ def test_out_holding_an_unfinished_run_is_refused_even_with_overwrite(
     assert (run / "config.toml").read_bytes() == config and not (run / "summary.json").exists()
 
 
+@pytest.mark.needs_data
 def test_second_writer_fails_at_once_while_another_process_holds_the_run(
         finished: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(finished[0], tmp_path / "run")
@@ -208,6 +211,7 @@ def test_unusable_out_is_refused_before_loading_data(out: str | None, extra: lis
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing created (no runs/, no stray files)
 
 
+@pytest.mark.needs_data
 def test_all_run_files_get_the_umask_mode(finished: tuple[Path, Any]) -> None:
     run = finished[0]
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run.iterdir() if p.is_file()}
@@ -215,6 +219,7 @@ def test_all_run_files_get_the_umask_mode(finished: tuple[Path, Any]) -> None:
     assert modes == dict.fromkeys(modes, 0o640)  # 0o666 & ~0o027, atomic writes included
 
 
+@pytest.mark.needs_data
 def test_run_prints_its_directory_at_start_and_end(finished: tuple[Path, Any]) -> None:
     run, proc = finished
     lines = proc.stdout.splitlines()
@@ -224,6 +229,7 @@ def test_run_prints_its_directory_at_start_and_end(finished: tuple[Path, Any]) -
 # --------------------------------------------------------------------------- item 11: strict JSON
 
 
+@pytest.mark.needs_data
 def test_run_files_are_strict_json_with_null_for_non_finite_values(
         finished: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _copy(finished[0], tmp_path / "grid" / "run")
@@ -278,6 +284,7 @@ def test_summary_line_tolerates_missing_metrics(capsys: pytest.CaptureFixture[st
     )
 
 
+@pytest.mark.needs_data
 def test_sigterm_checkpoints_the_last_round_then_resume_completes(terminated: tuple[Path, Any],
                                                                    tmp_path: Path) -> None:
     src, proc = terminated
@@ -293,6 +300,7 @@ def test_sigterm_checkpoints_the_last_round_then_resume_completes(terminated: tu
     assert [r["round"] for r in read_jsonl(run / "rounds.jsonl")] == list(range(1, LONG_ROUNDS + 1))
 
 
+@pytest.mark.needs_data
 def test_disk_error_while_writing_is_one_line_and_keeps_the_checkpoint(terminated: tuple[Path, Any],
                                                                        tmp_path: Path) -> None:
     run = _copy(terminated[0], tmp_path / "run")
@@ -319,6 +327,7 @@ def test_disk_error_while_writing_is_one_line_and_keeps_the_checkpoint(terminate
 # --------------------------------------------------------------------------- item 6: thread count
 
 
+@pytest.mark.needs_data
 def test_resume_uses_the_thread_count_the_run_recorded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     before = torch.get_num_threads()
     run = tmp_path / "run"

@@ -89,6 +89,7 @@ def _primitives(engine: Engine, theta: torch.Tensor, m: int, clients: np.ndarray
     assert engine.as_tensor(np.ones(m)).device == META
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("engine", ["batched", "sequential"])
 def test_lenet_engines_keep_every_tensor_on_the_device(engine: str) -> None:
     """MultiMNIST (real data moved to meta): rotation, dropout masks, momentum."""
@@ -131,6 +132,7 @@ def test_randsvd_sketch_follows_the_gradients_device() -> None:
     assert c.device == left.device == right.device == META and c.shape == (1000, 2)
 
 
+@pytest.mark.needs_data
 def test_engine_rejects_data_on_another_device() -> None:
     cfg = small_config()
     data = small_data(cfg)
@@ -186,6 +188,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.needs_data
 def test_resume_continues_on_the_given_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fedhv run --resume DIR --device D`` (a real process) continues on D: an unavailable
     D is refused with one line, leaving the run resumable; ``resumes.jsonl`` records D."""

@@ -29,6 +29,7 @@ def _train(cfg, algorithm, rounds: int = 3):  # type: ignore[no-untyped-def]
     return theta, state, logs
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize(
     "extra",
     [
@@ -52,6 +53,7 @@ def test_batched_equals_sequential_float64(extra: tuple[str, ...]) -> None:
     assert (ts - get_flat(new_model(small_config("dtype='float64'"), small_data(small_config("dtype='float64'")), 0))).abs().max() > 1e-3
 
 
+@pytest.mark.needs_data
 def test_batched_equals_sequential_float32_within_rounding() -> None:
     """Both float32 engines stay within float32 rounding of the float64 run.
 
@@ -84,6 +86,7 @@ def _engines(cfg):  # type: ignore[no-untyped-def]
     return data, seq, bat
 
 
+@pytest.mark.needs_data
 def test_primitives_agree_between_engines() -> None:
     """Multi-trajectory training (FSMGDA), per-task gradients and a first step taken from
     given gradients (FedCMOO) agree between engines in float64."""
@@ -108,6 +111,7 @@ def test_primitives_agree_between_engines() -> None:
     assert (f_seq - seq.train(theta, clients, w, 0)).abs().max().item() > 1e-6
 
 
+@pytest.mark.needs_data
 def test_chunked_batched_engine_matches_unchunked() -> None:
     cfg = small_config("dtype='float64'")
     data, _, full = _engines(cfg)
@@ -120,6 +124,7 @@ def test_chunked_batched_engine_matches_unchunked() -> None:
     assert (full.gradients(theta, clients, w, 0) - _engines(cfg)[2].gradients(theta, clients, w, 0)).abs().max() < 1e-12
 
 
+@pytest.mark.needs_data
 def test_reports_are_losses_at_the_broadcast_model() -> None:
     """A FedHV report is each client's mean task loss at theta^t over its local data, in eval mode."""
     cfg = small_config("dtype='float64'")
@@ -136,6 +141,7 @@ def test_reports_are_losses_at_the_broadcast_model() -> None:
         torch.testing.assert_close(reports[row], losses.mean(0), rtol=0, atol=1e-12)
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("method", ["fsmgda", "fedcmoo", "uniform"])
 def test_methods_equal_across_engines(method: str) -> None:
     """Whole rounds of every method agree between the batched and the sequential engine."""
@@ -150,6 +156,7 @@ def test_methods_equal_across_engines(method: str) -> None:
     assert (thetas["sequential"] - thetas["batched"]).abs().max().item() < 1e-10
 
 
+@pytest.mark.needs_data
 def test_cifar_mnist_engines_agree_with_rotation_and_flips() -> None:
     """CIFAR10-MNIST: integer nearest rotations and whole-batch flips from shared plans."""
     thetas = {}
@@ -176,6 +183,7 @@ def test_plans_draw_integer_angles_and_batch_flips() -> None:
     assert plain.flips is None and plain.angles is not None and plain.angles.abs().max() < 25
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("engine", ["batched", "sequential"])
 def test_reports_are_chunked_by_the_eval_batch_size(engine: str) -> None:
     """Both engines take their report chunk from ``eval.batch_size`` (ResNet-18-GN: 2,048 at once is 1.5x slower)."""

@@ -74,6 +74,7 @@ def test_copy_step_bytes_by_hand_for_lenet() -> None:
     assert copy_step_bytes(model, (1, 28, 28), 32, torch.float32, "bf16") == fp32_pytorch + 2 * d
 
 
+@pytest.mark.needs_data
 def test_auto_chunk_equals_explicit_chunk_bit_for_bit() -> None:
     """Memory for three copies' steps: auto picks 3 (of 4 clients) and trains exactly as engine_chunk = 3."""
     cfg = small_config("train.momentum=0.5")
@@ -90,6 +91,7 @@ def test_auto_chunk_equals_explicit_chunk_bit_for_bit() -> None:
     assert torch.equal(auto.gradients(theta, clients, np.eye(2), 0), explicit.gradients(theta, clients, np.eye(2), 0))
 
 
+@pytest.mark.needs_data
 def test_auto_chunk_with_ample_memory_is_all_copies_like_zero() -> None:
     """With the default ("auto") on a machine where every copy fits, a run is the old default (0) bit for bit."""
     cfg = small_config()

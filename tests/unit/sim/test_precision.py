@@ -58,6 +58,7 @@ def _round_update(*overrides: str, stream: str = "train", engine: str = "batched
     return theta - theta0, logs
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("engine", ["batched", "sequential"])
 def test_bf16_round_differs_from_fp32_within_training_noise(engine: str) -> None:
     fp32, logs32 = _round_update(engine=engine)
@@ -73,6 +74,7 @@ def test_bf16_round_differs_from_fp32_within_training_noise(engine: str) -> None
     assert np.abs(f16 - f32).max() <= 2 * U_BF16 * np.abs(f32).max()
 
 
+@pytest.mark.needs_data
 def test_bf16_gradients_within_roundoff_bound() -> None:
     cfg = small_config()
     data = small_data(cfg)
@@ -87,6 +89,7 @@ def test_bf16_gradients_within_roundoff_bound() -> None:
     assert 0 < rel <= 4 * LENET_WEIGHT_LAYERS * U_BF16
 
 
+@pytest.mark.needs_data
 def test_bf16_evaluation_is_autocast_and_close() -> None:
     cfg32, cfg16 = small_config(), small_config("precision='bf16'")
     data = small_data(cfg32)
@@ -98,6 +101,7 @@ def test_bf16_evaluation_is_autocast_and_close() -> None:
         assert math.isfinite(a) and abs(a - b) <= 2 * U_BF16 * abs(b)
 
 
+@pytest.mark.needs_data
 def test_bf16_run_completes_with_finite_metrics(tmp_path: Path) -> None:
     """Calibration, training, evaluation and the run files, end to end on the CPU."""
     cfg = load_config("multimnist", [*SMALL, "rounds=2", "precision='bf16'"])
@@ -109,6 +113,7 @@ def test_bf16_run_completes_with_finite_metrics(tmp_path: Path) -> None:
     assert len(rounds) == 2 and all(math.isfinite(v) for r in rounds for v in r["report"])
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("engine", ["batched", "sequential"])
 def test_fp32_is_unchanged_bit_for_bit(engine: str) -> None:
     """``precision = "fp32"`` (the default) runs exactly the code of a configuration without the key."""

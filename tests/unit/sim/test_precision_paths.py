@@ -44,6 +44,7 @@ def _node_report(precision: str) -> tuple[np.ndarray, np.ndarray]:
     return got, want
 
 
+@pytest.mark.needs_data
 def test_flower_node_runs_the_configured_precision() -> None:
     bf16, sim_bf16 = _node_report("bf16")
     fp32, sim_fp32 = _node_report("fp32")
