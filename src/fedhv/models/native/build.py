@@ -21,7 +21,7 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
-from fedhv import procfs
+from fedhv import procfs, safe_io
 
 #: The library's sources: headers first, then the compiled translation units.
 SOURCES = ("common.h", "conv1.cpp", "pool.cpp")
@@ -154,14 +154,7 @@ def _build(cxx: list[str], sources: dict[str, bytes], target: Path) -> None:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "compiler failed")
         os.chmod(tmp, 0o700)
         digest = _digest_file(target)
-        fd2, tmp_digest = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.sha256", dir=target.parent)
-        try:
-            with os.fdopen(fd2, "w") as fh:  # mkstemp: mode 0o600, owner only
-                fh.write(_sha256(Path(tmp)) + "\n")
-            os.replace(tmp_digest, digest)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_digest)
+        safe_io.write_atomic(digest, _sha256(Path(tmp)) + "\n", mode=0o600, replace_link=True)  # owner only
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(OSError):
