@@ -104,9 +104,11 @@ class MultiLabel:
         ]
 
     def batch_losses(self, outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        """Each task's mean binary cross-entropy over its attributes, averaged over the batch (``[..., m]``)."""
         return torch.stack([b.mean(-1) for b in self._bce(outputs, y)], -1)
 
     def per_sample(self, outputs: list[torch.Tensor], y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample losses ``[n, m]`` and scores ``[n, m]``."""
         losses = torch.stack(self._bce(outputs, y), -1)
         correct = torch.stack(
             [((p > 0.5) == y[..., list(g)].bool()).to(p.dtype).mean(-1) for p, g in zip(outputs, self.groups)], -1
@@ -188,6 +190,7 @@ class TaskMetric:
     scale: float = 1.0
 
     def as_dict(self) -> dict[str, Any]:
+        """The metric as plain data (what a run records)."""
         return {"metric": self.name, "higher_is_better": self.higher_is_better, "is_accuracy": self.is_accuracy}
 
 
@@ -244,6 +247,7 @@ class Task:
     nonnegative: bool | None = None
 
     def __post_init__(self) -> None:
+        """Refuse an empty name, an unknown kind, a bad size or inconsistent fields (one line naming it)."""
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"Task name = {self.name!r} must be a non-empty string")
         if self.kind not in KINDS:
@@ -290,9 +294,11 @@ class Task:
         return TaskMetric(self.metric or "score", better, False)
 
     def loss_fn(self) -> LossFn:
+        """The per-sample loss: the task's own ``loss``, else its kind's default."""
         return _unreduced(self.loss) or _DEFAULTS[self.kind][0]
 
     def score_fn(self) -> LossFn:
+        """The per-sample score: the task's own ``score``, else its kind's default."""
         return _unreduced(self.score) or _DEFAULTS[self.kind][1]
 
     def target(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -332,6 +338,7 @@ class TaskObjective:
 
     @property
     def metrics(self) -> tuple[TaskMetric, ...]:
+        """Each task's metric (:meth:`Task.metric_info`)."""
         return tuple(t.metric_info() for t in self.tasks)
 
     @property

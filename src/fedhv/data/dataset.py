@@ -1,5 +1,6 @@
-"""A user's data as a federated dataset: tensors, tasks and a client partition (public as
-:class:`fedhv.FederatedDataset`, also importable from :mod:`fedhv.api.dataset`).
+"""A user's data as a federated dataset: tensors, tasks and a client partition.
+
+Public as :class:`fedhv.FederatedDataset`, also importable from :mod:`fedhv.api.dataset`.
 
 Partitions (``partition=``):
 
@@ -185,6 +186,7 @@ class FederatedDataset:
     client_ids: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
+        """Give each client its id (``c`` by default); refuse a wrong number of ids."""
         if not self.client_ids:
             self.client_ids = tuple(range(self.num_clients))
         elif len(self.client_ids) != self.num_clients:
@@ -193,6 +195,7 @@ class FederatedDataset:
 
     @property
     def num_clients(self) -> int:
+        """The number of clients ``N`` of the partition."""
         return int(self.parts.shape[0])
 
     @property

@@ -1,5 +1,6 @@
-"""Materialise map-style datasets once to tensors (:meth:`fedhv.FederatedDataset.from_datasets`;
-the public names: :mod:`fedhv.api.materialize`).
+"""Materialise map-style datasets once to tensors.
+
+For :meth:`fedhv.FederatedDataset.from_datasets`; the public names: :mod:`fedhv.api.materialize`.
 
 The engines index one tensor per split, so a ``torch.utils.data.Dataset`` is read item by
 item into preallocated tensors, once. A PIL image becomes what
@@ -93,7 +94,7 @@ def _item(ds: Any, i: int, what: str) -> tuple[torch.Tensor, torch.Tensor, Any]:
 
 
 class _Progress:
-    """``\\r{what}: i/n items`` on stderr, at most every 0.2 s, ending with a newline."""
+    r"""``\r{what}: i/n items`` on stderr, at most every 0.2 s, ending with a newline."""
 
     def __init__(self, what: str, n: int, enabled: bool) -> None:
         self.what, self.n, self.enabled, self.last = what, n, enabled, 0.0
