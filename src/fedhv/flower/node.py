@@ -120,8 +120,9 @@ class NodeTrust:
 
 
 class OneClientParts:
-    """The ``parts`` of a node's data: indexes like the ``[N, S]`` partition, but holds only
-    row ``client`` (``0 .. S-1``, its samples re-indexed); any other row is an error.
+    """The ``parts`` of a node's data (a :class:`fedhv.data.parts.ClientParts`): indexes like the
+    ``[N, S]`` partition, but holds only row ``client`` (``0 .. S-1``, its samples re-indexed); any
+    other row is an error.
 
     A full ``[N, S]`` copy per client cost 5 MB at N = 10,000 (S = 64), times every client a
     Simulation Engine actor serves: 14 GB in one actor before this class.
@@ -160,7 +161,7 @@ def node_data(data: FederatedData, client: int) -> FederatedData:
     own = data.parts[client]
     parts = OneClientParts(client, data.num_clients, len(own), own.device)
     return dataclasses.replace(data, train_x=data.train_x[own].clone(), train_y=data.train_y[own].clone(),
-                               parts=parts, eval_sets={})  # type: ignore[arg-type]  # indexes like a tensor
+                               parts=parts, eval_sets={})
 
 
 #: ``key`` (the data / partition configuration), ``full`` (the benchmark) and ``clients`` (client ->
