@@ -20,7 +20,7 @@ _API = {
     "HVWeighting": "fedhv.weighting", "HVBackward": "fedhv.weighting",
     "reference_from_losses": "fedhv.weighting",
     "UserBenchmark": "fedhv.data.user", "register_benchmark": "fedhv.registry", "register_model": "fedhv.registry",
-    "register_method": "fedhv.registry",
+    "register_method": "fedhv.algorithms.method",
     "FedHVError": "fedhv.errors", "ConfigError": "fedhv.errors", "DataError": "fedhv.errors",
     "DatasetTooLarge": "fedhv.api.materialize", "RunDirError": "fedhv.results.rundir",
 }

@@ -182,29 +182,6 @@ def register_model(name: str, factory: Any = None, *, replace: bool = False) -> 
     return MODELS.register(name) if factory is None else MODELS.register(name, factory, replace=replace)
 
 
-def register_method(cls: Any = None, *, replace: bool = False) -> Any:
-    """Register a method class under its ``name`` (a class decorator; :mod:`fedhv.algorithms.method`).
-
-    ``@fedhv.register_method`` over a frozen-dataclass subclass of :class:`fedhv.Method`, or
-    ``fedhv.register_method(DWA)``; ``replace=True`` replaces a method of the same name.
-
-    Raises
-    ------
-    ConfigError
-        For anything that is not a usable method class (naming what it lacks), or a taken name.
-    """
-    from fedhv.algorithms.method import check_method_class
-
-    if cls is None:
-        return lambda c: register_method(c, replace=replace)
-    if isinstance(cls, str):
-        raise ConfigError(f"register_method({cls!r}, ...): a method registers its class, whose name is its "
-                          "class attribute `name`; write @fedhv.register_method over the class")
-    check_method_class(cls)
-    METHODS.register(cls.name, cls, replace=replace)
-    return cls
-
-
 def is_reference(value: str) -> bool:
     """``value`` is a ``module:attribute`` reference rather than a registered name."""
     return ":" in value
@@ -242,3 +219,10 @@ def resolve_benchmark(value: str) -> Any:
         raise ConfigError(f"{where}: {attr!r} is a {type(obj).__name__}, not callable; name a function "
                           "() -> fedhv.UserBenchmark")
     return obj
+
+
+def __getattr__(name: str) -> Any:
+    # ``register_method`` lives with the method contract (fedhv.algorithms.method), a layer above.
+    if name == "register_method":
+        return importlib.import_module("fedhv.algorithms.method").register_method
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

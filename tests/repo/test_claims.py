@@ -106,7 +106,12 @@ def test_presets_and_show_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert (shown["method"], shown["train"]["lr_global"], shown["train"]["lr_local"]) == ("uniform", 1.0, 0.3)
     assert (shown["train"]["local_steps"], shown["partition"]["alpha"]) == (4, 0.15)
     resolved = load_config("multimnist", ["method='uniform'", "train.local_steps=4"])
-    assert shown["rounds"] == resolved.rounds == 200 and shown["fedhv"]["rho_clip"] == 1e-6
+    assert shown["rounds"] == resolved.rounds == 200
+    # Only the run's method's section is recorded (Uniform's is empty); another method's reads its defaults.
+    assert "fedhv" not in shown and "uniform" not in shown and resolved.section("fedhv").rho_clip == 1e-6
+    assert main(["show-config", "multimnist", "--set", "fsmgda.max_iter=7"]) == 0
+    shown = tomllib.loads(capsys.readouterr().out)
+    assert shown["fedhv"]["rho_clip"] == 1e-6 and shown["fsmgda"]["max_iter"] == 7  # given sections are kept
 
 
 def _spy_checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -1,6 +1,9 @@
-"""Federated multi-objective methods: each one module holding its hyper-parameters (its
-configuration section), its round logic with explicit state, and its registration
-(:mod:`fedhv.algorithms.method`). Importing this package registers the built-in methods."""
+"""Federated multi-objective methods, one module each.
+
+A method's module holds its hyper-parameters (its configuration section), its round logic with
+explicit state, and its registration (:mod:`fedhv.algorithms.method`). Importing this package
+registers the built-in methods.
+"""
 
 from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult, fedavg_step, mean_update
 from fedhv.algorithms.fedcmoo import FedCMOO, FedCMOOAlgorithm, FedCMOOConfig, FedCMOOState

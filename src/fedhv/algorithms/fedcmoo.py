@@ -1,5 +1,6 @@
-"""FedCMOO: communication-efficient federated multi-objective optimization (Askin et
-al., AISTATS 2025), as implemented in the reference code (reference notes §4.2).
+"""FedCMOO: communication-efficient federated multi-objective optimization.
+
+Askin et al., AISTATS 2025, as implemented in the reference code (reference notes §4.2).
 
 Round ``t``, with one sampled set ``S`` for all stages:
 
@@ -102,6 +103,7 @@ class FedCMOOState:
 
     @property
     def num_tasks(self) -> int:
+        """``m``, the number of tasks."""
         return len(self.weights)
 
     def to_plain(self) -> dict[str, Any]:
@@ -147,8 +149,11 @@ SMALL_M = 8
 
 def _find_weights_small(g: list[list[float]], w: list[float], lr: float, steps: int,
                         momentum: float) -> list[float]:
-    """:func:`find_weights`' loop on Python floats: the same operations in the same order
-    (``g @ w`` row by row, then :func:`~fedhv.weighting.simplex.project_simplex_floats`)."""
+    """:func:`find_weights`' loop on Python floats.
+
+    The same operations in the same order (``g @ w`` row by row, then
+    :func:`~fedhv.weighting.simplex.project_simplex_floats`).
+    """
     m = len(w)
     buf = [0.0] * m
     for _ in range(steps):
@@ -181,6 +186,7 @@ class FedCMOOAlgorithm:
     name: str = "fedcmoo"
 
     def init_state(self, num_tasks: int) -> FedCMOOState:
+        """Uniform weights ``1/m`` before round 0 (FindWeights' warm start)."""
         return FedCMOOState(np.full(num_tasks, 1.0 / num_tasks))
 
     def _sketch(self, g: torch.Tensor, *keys: int | str) -> tuple[torch.Tensor, int]:
@@ -220,6 +226,7 @@ class FedCMOOAlgorithm:
         return 0.5 * (gg_np + gg_np.T) if self.config.symmetrize else gg_np
 
     def round(self, state: FedCMOOState, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """One round: the gradient (and correction) stage, FindWeights, the training stage."""
         m = len(state.weights)
         stage1 = federation.exchange(theta, Request(gradients=one_hot_rows(m), upload_gradients=False))
         assert stage1.gradients is not None

@@ -99,6 +99,7 @@ class FedHVState:
 
     @property
     def num_tasks(self) -> int:
+        """``m``, the number of tasks."""
         return len(self.weights)
 
     def to_plain(self) -> dict[str, Any]:
@@ -147,6 +148,7 @@ class FedHVAlgorithm:
     slack_scale: np.ndarray | None = None
 
     def init_state(self, num_tasks: int) -> FedHVState:
+        """``w^0 = 1/m``, no report yet."""
         if len(self.reference) != num_tasks:
             raise ValueError(f"reference has {len(self.reference)} entries for {num_tasks} tasks")
         return FedHVState(weights=np.full(num_tasks, 1.0 / num_tasks))
@@ -172,8 +174,11 @@ class FedHVAlgorithm:
 
 
 def calibrated_range(calibration: Calibration) -> list[float]:
-    """``d_i = r_i - min_{s,t} F_i^{s,t}``: how far each task's report fell below its reference
-    during the calibration (its loss scale; the scale-free variant's unit of slack)."""
+    """``d_i = r_i - min_{s,t} F_i^{s,t}`` over the calibration rounds.
+
+    How far each task's report fell below its reference during the calibration (its loss scale;
+    the scale-free variant's unit of slack).
+    """
     rows = [row for rounds in calibration.reports.values() for row in rounds]
     low = [min(row[i] for row in rows) for i in range(len(calibration.reference))]
     return [r - lo for r, lo in zip(calibration.reference, low)]
@@ -296,7 +301,7 @@ class FedHV(Method):
         ref, source, calibration = self.resolve_reference(context)
         return Built(self.algorithm(ref, calibration), ref.tolist(), source, calibration)
 
-    def algorithm(self, reference: Sequence[float], calibration: Calibration | None = None) -> FedHVAlgorithm:
+    def algorithm(self, reference: Sequence[float] | np.ndarray, calibration: Calibration | None = None) -> FedHVAlgorithm:
         """:class:`FedHVAlgorithm` for a known ``reference`` (``calibration`` for ``"calibrated-range"``)."""
         scale = slack_scale_values(self.slack_scale, len(reference), calibration)
         return FedHVAlgorithm(np.asarray(reference, dtype=np.float64), self.lr_global, self.rho_clip,

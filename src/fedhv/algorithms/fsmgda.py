@@ -1,5 +1,6 @@
-"""FSMGDA: federated stochastic multiple-gradient descent (Yang et al., NeurIPS 2023),
-as implemented in the FedCMOO reference code (reference notes §4.1).
+"""FSMGDA: federated stochastic multiple-gradient descent.
+
+Yang et al., NeurIPS 2023, as implemented in the FedCMOO reference code (reference notes §4.1).
 
 Round ``t`` (one synchronization stage):
 
@@ -36,8 +37,9 @@ from fedhv.weighting import min_norm
 
 @dataclass(frozen=True)
 class FSMGDAConfig:
-    """FSMGDA's hyper-parameters, the ``[fsmgda]`` section (reference notes §4.1; defaults follow
-    the reference code).
+    """FSMGDA's hyper-parameters, the ``[fsmgda]`` section.
+
+    Reference notes §4.1; the defaults follow the reference code.
 
     Attributes
     ----------
@@ -106,9 +108,11 @@ class FSMGDAAlgorithm:
     name: str = "fsmgda"
 
     def init_state(self, num_tasks: int) -> FSMGDAState:
+        """The task count, no weights yet."""
         return FSMGDAState(num_tasks)
 
     def round(self, state: FSMGDAState, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """One stage: ``m`` task trajectories per client, min-norm weights of their means, the update."""
         m = state.num_tasks
         replies = federation.exchange(theta, Request(train=one_hot_rows(m)))
         assert replies.deltas is not None

@@ -36,6 +36,7 @@ from typing_extensions import Self
 
 from fedhv.algorithms.base import Algorithm
 from fedhv.errors import ConfigError
+from fedhv.registry import METHODS
 
 if TYPE_CHECKING:
     from fedhv.config.schema import RunConfig
@@ -79,8 +80,10 @@ class BuildContext(Protocol):
         """The data set's name (``data.benchmark``), for messages and paper values."""
 
     def task_slices(self) -> TaskSlices:
-        """Encoder and head positions in the flat parameter vector (a user's model must hold one
-        head per task in its ``heads`` submodule)."""
+        """Encoder and head positions in the flat parameter vector.
+
+        A user's model must hold one head per task in its ``heads`` submodule.
+        """
 
     def calibration(self) -> Calibration:
         """The run's reference calibration: a given or shared one, else one run now."""
@@ -129,6 +132,8 @@ class Method:
         Whether its client uploads can be summed under SecAgg+ (``fedhv flower --secure``).
     """
 
+    #: The server learning rate ``eta_g`` (``[lr.name] global`` or ``train.lr_global``).
+    lr_global: float = 1.0
     name: ClassVar[str]
     section: ClassVar[type]
     state: ClassVar[type]
@@ -140,15 +145,17 @@ class Method:
     # --- configuration ---------------------------------------------------------------------
     @classmethod
     def from_config(cls, cfg: RunConfig) -> Self:
-        """The method object a resolved configuration describes: ``lr_global`` and, when the class has
-        a ``config`` field, its ``[name]`` section."""
+        """The method object a resolved configuration describes.
+
+        Its ``lr_global`` and, when the class has a ``config`` field, its ``[name]`` section.
+        """
         kwargs: dict[str, Any] = {"lr_global": cfg.lr_global}
         if "config" in {f.name for f in dataclasses.fields(cls)}:  # type: ignore[arg-type]
             kwargs["config"] = cfg.section(cls.name)
         return cls(**kwargs)
 
     def options(self) -> Any:
-        """This object's ``[name]`` section: its ``config`` field, or the section's defaults."""
+        """The object's ``[name]`` section: its ``config`` field, or the section's defaults."""
         return getattr(self, "config", None) or self.section()
 
     def configure(self, cfg: RunConfig) -> RunConfig:
@@ -166,20 +173,32 @@ class Method:
         raise NotImplementedError(f"{type(self).__name__} does not define build(context)")
 
 
-def register(cls: type[M]) -> type[M]:
-    """Register the method class ``cls`` under ``cls.name`` (a class decorator).
+def register_method(cls: Any = None, *, replace: bool = False) -> Any:
+    """Register a method class under its ``name`` (a class decorator; ``fedhv.register_method``).
+
+    ``@fedhv.register_method`` over a frozen-dataclass subclass of :class:`Method`, or
+    ``fedhv.register_method(DWA)``; ``replace=True`` replaces a method of the same name. Every
+    entry point then knows it by name (:data:`fedhv.registry.METHODS`).
 
     Raises
     ------
     ConfigError
         When ``cls`` is not a frozen-dataclass subclass of :class:`Method` with ``name``, a
         dataclass ``section`` with ``check()`` and a ``state`` with ``kind``, ``to_plain`` and
-        ``from_plain``, or the name is taken.
+        ``from_plain``, when its name is a top-level configuration key, or when the name is taken.
     """
-    from fedhv.registry import METHODS
-
-    METHODS.register(check_method_class(cls).name, cls)
+    if cls is None:
+        return lambda c: register_method(c, replace=replace)
+    if isinstance(cls, str):
+        raise ConfigError(f"register_method({cls!r}, ...): a method registers its class, whose name is its "
+                          "class attribute `name`; write @fedhv.register_method over the class")
+    check_method_class(cls)
+    METHODS.register(cls.name, cls, replace=replace)
     return cls
+
+
+#: The decorator the built-in methods use (``register_method`` without options).
+register = register_method
 
 
 def check_method_class(cls: Any) -> Any:
@@ -199,6 +218,11 @@ def check_method_class(cls: Any) -> Any:
         raise ConfigError(f"{what}.section must be a dataclass with a check() method (its [{cls.name}] section)")
     if not all(hasattr(cls.state, a) for a in ("kind", "to_plain", "from_plain")):
         raise ConfigError(f"{what}.state must have kind, to_plain and from_plain (checkpoints need them)")
+    from fedhv.config.schema import RunConfig
+
+    if cls.name in {f.name.rstrip("_") for f in dataclasses.fields(RunConfig)}:
+        raise ConfigError(f"method name {cls.name!r} is a top-level configuration key, so [{cls.name}] could not be "
+                          "its section; choose another name")
     return cls
 
 

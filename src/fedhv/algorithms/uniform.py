@@ -1,6 +1,8 @@
-"""Uniform scalarisation: fixed ``w_i = 1/m`` on FedHV's single-trajectory update
-(paper B.6). With ``report=True`` it is the uniform-weight calibration run of §3.2
-and B.8, whose averaged reports define FedHV's reference."""
+"""Uniform scalarisation: fixed ``w_i = 1/m`` on FedHV's single-trajectory update (paper B.6).
+
+With ``report=True`` it is the uniform-weight calibration run of §3.2 and B.8, whose averaged
+reports define FedHV's reference.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class UniformAlgorithm:
     name: str = "uniform"
 
     def init_state(self, num_tasks: int) -> UniformState:
+        """The task count (all Uniform keeps)."""
         return UniformState(num_tasks)
 
     def round(self, state: UniformState, theta: torch.Tensor, federation: Federation) -> StepResult:

@@ -50,15 +50,16 @@ def as_method(method: object) -> Method:
     if isinstance(method, Method):
         return method
     if isinstance(method, type) and issubclass(method, Method):
-        raise ConfigError(f"method = fedhv.{method.__name__} is the class; pass an instance: "
-                          f"fedhv.{method.__name__}() (with its options as arguments)")
+        where = "fedhv" if method.__module__.startswith("fedhv.") else method.__module__
+        raise ConfigError(f"method = {where}.{method.__name__} is the class; pass an instance: "
+                          f"{where}.{method.__name__}() (with its options as arguments)")
     if isinstance(method, str):
         known = {n.lower(): METHODS.get(n).__name__ for n in METHODS.names()}
         hint = f"pass fedhv.{known[method.lower()]}()" if method.lower() in known else f"fedhv has no method " \
             f"{method!r}; pass one of {_choices()}"
         raise ConfigError(f"method = {method!r} is a string; {hint}")
     raise ConfigError(f"method = {method!r} ({type(method).__name__}) is not a fedhv method; pass one of "
-                      f"{_choices()}")
+                      f"{_choices()}, or an instance of your own fedhv.Method subclass")
 
 
 def plain_int(value: object) -> object:

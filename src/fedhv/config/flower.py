@@ -1,20 +1,18 @@
 """The ``[flower]`` configuration section: secure aggregation on the Flower back-end.
 
-Kept apart from :mod:`fedhv.config.schema` (which only names the section and calls
-:func:`check_flower`), so the numbers behind the defaults live next to them.
+The section's dataclass (:class:`~fedhv.config.schema.FlowerConfig`) lives with the others in
+:mod:`fedhv.config.schema`; its checks and the SecAgg+ numbers behind its defaults live here.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from fedhv.config.schema import FlowerConfig, RunConfig
 from fedhv.errors import ConfigError
 from fedhv.registry import METHODS
 
-if TYPE_CHECKING:
-    from fedhv.config.schema import RunConfig
+__all__ = ["FlowerConfig", "check_flower", "check_nodes", "check_wait", "refuse_in_simulator", "refuse_on_flower"]
 
 # Which methods SecAgg+ can carry is each method's own ``secure_aggregation`` (every stage needs
 # only the *mean* of the clients' replies): FedHV and Uniform (one stage, mean update and mean
@@ -26,40 +24,6 @@ if TYPE_CHECKING:
 QUANTIZATION_RANGE = 2**22
 MODULUS_RANGE = 2**32
 MAX_SECURE_CLIENTS = MODULUS_RANGE // QUANTIZATION_RANGE - 1
-
-
-@dataclass(frozen=True)
-class FlowerConfig:
-    """Flower back-end options (``[flower]``); the simulator (``fedhv run``) ignores them.
-
-    Attributes
-    ----------
-    secure_aggregation : bool
-        Aggregate every stage with SecAgg+ (flwr's ``SecAggPlusWorkflow`` and
-        ``secaggplus_mod``): the server learns only the mean of the clients' updates and
-        reports (``fedhv flower local --secure``; docs/security.md).
-    num_shares : int or float
-        SecAgg+ ``num_shares``: an integer ``>= 3`` = the shares (neighbours) per client; a
-        float in ``(0, 1]`` = that fraction of the round's clients (``1.0``: every client
-        is every other's neighbour, plain SecAgg).
-    reconstruction_threshold : int or float
-        SecAgg+ ``reconstruction_threshold``: an integer ``>= 2`` (below ``num_shares``) =
-        shares needed to recover a client's secrets; a float in ``(0, 1]`` = that fraction
-        of ``num_shares`` (rounded, at least 2). A round in which some client keeps fewer live
-        neighbours than this is skipped. Default ``0.67``: more than half of the shares for
-        every share count, so a server that tells some neighbours a client dropped and others
-        that it did not cannot collect both of its secrets (docs/security.md).
-    clipping_range : float
-        Every masked value is clipped to ``[-c, c]`` and quantized with step
-        ``2c / 2**22``. Default ``c = 16``: the largest update coordinate measured in the
-        built-in settings is below 1 and reports (task losses) stay below 16 (docs/flower.md,
-        "Secure aggregation"); quantization step ``7.6e-6``.
-    """
-
-    secure_aggregation: bool = False
-    num_shares: int | float = 1.0
-    reconstruction_threshold: int | float = 0.67
-    clipping_range: float = 16.0
 
 
 #: Longest wait (seconds) a Flower stage (``--stage-timeout`` / ``stage-timeout``) or the wait for the

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fedhv.config.flower import FlowerConfig
 from fedhv.registry import METHODS as _REGISTERED
 
 AGGREGATIONS: tuple[str, ...] = ("mean", "samples")
@@ -269,6 +268,40 @@ class DiagnosticsConfig:
 
 
 @dataclass(frozen=True)
+class FlowerConfig:
+    """Flower back-end options (``[flower]``); the simulator (``fedhv run``) ignores them.
+
+    Attributes
+    ----------
+    secure_aggregation : bool
+        Aggregate every stage with SecAgg+ (flwr's ``SecAggPlusWorkflow`` and
+        ``secaggplus_mod``): the server learns only the mean of the clients' updates and
+        reports (``fedhv flower local --secure``; docs/security.md).
+    num_shares : int or float
+        SecAgg+ ``num_shares``: an integer ``>= 3`` = the shares (neighbours) per client; a
+        float in ``(0, 1]`` = that fraction of the round's clients (``1.0``: every client
+        is every other's neighbour, plain SecAgg).
+    reconstruction_threshold : int or float
+        SecAgg+ ``reconstruction_threshold``: an integer ``>= 2`` (below ``num_shares``) =
+        shares needed to recover a client's secrets; a float in ``(0, 1]`` = that fraction
+        of ``num_shares`` (rounded, at least 2). A round in which some client keeps fewer live
+        neighbours than this is skipped. Default ``0.67``: more than half of the shares for
+        every share count, so a server that tells some neighbours a client dropped and others
+        that it did not cannot collect both of its secrets (docs/security.md).
+    clipping_range : float
+        Every masked value is clipped to ``[-c, c]`` and quantized with step
+        ``2c / 2**22``. Default ``c = 16``: the largest update coordinate measured in the
+        built-in settings is below 1 and reports (task losses) stay below 16 (docs/flower.md,
+        "Secure aggregation"); quantization step ``7.6e-6``.
+    """
+
+    secure_aggregation: bool = False
+    num_shares: int | float = 1.0
+    reconstruction_threshold: int | float = 0.67
+    clipping_range: float = 16.0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A complete run.
 
@@ -306,7 +339,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
-    flower: FlowerConfig = field(default_factory=FlowerConfig)  # [flower]: fedhv.config.flower
+    flower: FlowerConfig = field(default_factory=FlowerConfig)  # [flower]: its checks in fedhv.config.flower
     #: Who started the run when not ``fedhv run`` / ``grid`` (``"fedhv.simulate"``: a Python
     #: model and data, registered in that process only); unset (omitted) otherwise.
     source: str | None = None

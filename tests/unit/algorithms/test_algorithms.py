@@ -108,7 +108,7 @@ def test_fsmgda_round_logic() -> None:
 
 
 def test_fedcmoo_round_structure() -> None:
-    from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, find_weights, FedCMOOConfig
+    from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOConfig, find_weights
 
     d = 50
     slices = _slices(d - 2, 1)

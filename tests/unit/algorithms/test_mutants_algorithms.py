@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from fedhv.algorithms import Replies, UniformAlgorithm
-from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOState, FedCMOOConfig
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOConfig, FedCMOOState
 from fedhv.algorithms.fedhv import FedHVState
-from fedhv.algorithms.fsmgda import FSMGDAAlgorithm, FSMGDAState, FSMGDAConfig
+from fedhv.algorithms.fsmgda import FSMGDAAlgorithm, FSMGDAConfig, FSMGDAState
 from fedhv.algorithms.plain import StateError
 from fedhv.algorithms.uniform import UniformState
 from fedhv.algorithms.validation import ClientReply, ReplySpec, is_non_finite, norm_outliers, row_norms
@@ -43,7 +43,7 @@ def test_fedcmoo_one_client_round_counts_the_sketch_bytes_by_hand() -> None:
     assert fed.down == factors  # the server's sketch of sum C
 
 
-def _fedcmoo_round(alg: FedCMOO, state: FedCMOOState, grads: torch.Tensor,
+def _fedcmoo_round(alg: FedCMOOAlgorithm, state: FedCMOOState, grads: torch.Tensor,
                    clients: np.ndarray) -> tuple[Any, ScriptedFederation]:
     k, _, d = grads.shape
     deltas = torch.zeros(k, 1, d, dtype=F64)

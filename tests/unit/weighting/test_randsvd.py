@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, find_weights, FedCMOOConfig
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOConfig, find_weights
 from fedhv.models.params import TaskSlices
 from fedhv.weighting.randsvd import compress, compression_rank, near_square_shape, randomized_svd, rearrange, unarrange
 
