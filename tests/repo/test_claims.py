@@ -200,6 +200,7 @@ def test_calibration_is_not_subject_to_faults(tmp_path: Path) -> None:
     assert got["bytes_up"] == expected.bytes_up  # every calibration client answered
 
 
+@pytest.mark.deploy
 @pytest.mark.needs_data
 def test_grid_with_two_workers_equals_plain_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sets = [a for o in SMALL for a in ("--set", o)]

@@ -43,6 +43,7 @@ def test_examples_import_only_public_fedhv_names(name: str) -> None:
     assert len((EXAMPLES / name).read_text().splitlines()) < 80
 
 
+@pytest.mark.deploy
 def test_three_losses_example_learns_every_task() -> None:
     out = _run("three_losses.py")
     score, loss = _numbers(_line(out, "fedhv round 8:"))
@@ -57,6 +58,7 @@ def test_three_losses_example_learns_every_task() -> None:
     assert sum(weights) == pytest.approx(1.0, abs=1e-3) and min(weights) > 0
 
 
+@pytest.mark.deploy
 def test_hv_centralized_example_module_and_adapter_agree_and_learn() -> None:
     out = _run("hv_centralized.py")
     for how in ("module", "adapter"):
@@ -69,6 +71,7 @@ def test_hv_centralized_example_module_and_adapter_agree_and_learn() -> None:
     assert float(_line(out, "max |theta_module").rsplit(" ", 1)[1]) == 0.0  # the two ways are the same update
 
 
+@pytest.mark.deploy
 @pytest.mark.needs_data
 def test_mnist_writers_example_bn_mixed_tasks_small_and_empty_clients() -> None:
     """Issue 27's own problem: fedhv's scores of History.model equal a plain-PyTorch evaluation."""
@@ -85,6 +88,7 @@ def test_mnist_writers_example_bn_mixed_tasks_small_and_empty_clients() -> None:
         assert mean_acc == pytest.approx((scores[0] + scores[1]) / 2, abs=0.01)  # the MSE is not averaged in
 
 
+@pytest.mark.deploy
 def test_fine_tune_example_keeps_the_encoder_frozen_and_its_scores_are_plain_pytorchs() -> None:
     """docs/api.md's fine-tuning example: FedHV and Uniform on a frozen pretrained encoder; fedhv's test
     scores equal a plain-PyTorch evaluation of History.model, and the encoder is bit-identical."""

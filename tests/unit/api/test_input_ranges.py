@@ -48,6 +48,7 @@ def test_cli_user_benchmark_with_a_bad_label_is_one_error_line_and_leaves_nothin
     assert not out.exists() or not any(p.name != ".lock" for p in out.iterdir())
 
 
+@pytest.mark.deploy
 @pytest.mark.needs_data
 def test_a_resume_caps_the_recorded_thread_count_at_the_machines_cores(tmp_path: Path) -> None:
     """Issue 28 (smaller ones): an edited ``environment.json`` asking for 300 threads spawned 601 threads on

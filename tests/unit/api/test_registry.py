@@ -179,6 +179,7 @@ class _TwoHeads(torch.nn.Module):
         return [head(h) for head in self.heads]
 
 
+@pytest.mark.deploy
 def test_example_user_benchmark_grid_then_table_shows_the_runs_numbers(tmp_path: Path) -> None:
     out = tmp_path / "grid"
     proc = _cli("grid", str(EXAMPLE / "config.toml"), "--methods", "uniform,fedhv", "--seeds", "0,1", "--rounds", "4",
@@ -224,6 +225,7 @@ def _installed(site: Path, name: str) -> None:
     (info / "entry_points.txt").write_text(f"[fedhv.benchmarks]\n{name} = mypkg.tasks:make_benchmark\n")
 
 
+@pytest.mark.deploy
 def test_installed_package_registers_a_benchmark_by_entry_point(tmp_path: Path) -> None:
     """A package that declares ``[project.entry-points."fedhv.benchmarks"] toy-ep = "mypkg.tasks:make_benchmark"``
     is usable by name in every process: a grid whose spawned workers never imported it in Python."""

@@ -85,6 +85,7 @@ TINY = ["partition.clients=4", "partition.samples_per_client=20", "train.clients
         "eval.test_period=1", "eval.batch_size=64"]
 
 
+@pytest.mark.deploy
 @pytest.mark.filterwarnings("ignore:.*not the full CelebA")
 @pytest.mark.filterwarnings("ignore:the partition recycled")
 @pytest.mark.parametrize("setting", ["celeba5-a", "celeba5-b"])

@@ -172,6 +172,7 @@ def uninterrupted_cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return full
 
 
+@pytest.mark.deploy
 @pytest.mark.needs_data
 @pytest.mark.parametrize(("pause", "checkpoint", "evaluated"), [(5, 4, [2, 4]), (1, 0, [])])
 def test_kill_9_then_resume_matches_uninterrupted_run(pause: int, checkpoint: int, evaluated: list[int],

@@ -123,6 +123,7 @@ def test_a_node_keeps_its_own_thread_count() -> None:
         torch.set_num_threads(before)
 
 
+@pytest.mark.deploy
 @needs_flwr
 def test_a_real_supernode_refuses_a_benchmark_the_server_names(tmp_path: Path) -> None:
     """A SuperLink and one SuperNode whose operator allowed nothing: a run naming a user benchmark

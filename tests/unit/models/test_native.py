@@ -190,6 +190,7 @@ def test_without_a_compiler_one_warning_and_the_pytorch_path(tmp_path: Path) -> 
     assert "no-such-compiler" in text or "compiler" in text
 
 
+@pytest.mark.deploy
 def test_builds_into_the_cache_directory(tmp_path: Path) -> None:
     """A fresh cache directory gets one library, which a second process reuses without compiling."""
     script = "from fedhv.models import native; import sys; sys.exit(0 if native.available() else 1)"

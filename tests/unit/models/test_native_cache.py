@@ -70,6 +70,7 @@ def test_the_build_records_a_digest_only_the_owner_can_write(built: Path) -> Non
         assert path.stat().st_mode & 0o022 == 0, path
 
 
+@pytest.mark.deploy
 @needs_cxx
 def test_a_replaced_library_is_never_loaded(built: Path, tmp_path: Path) -> None:
     """A library holding a constructor, put in place of the cached one: its constructor must not run."""
@@ -104,6 +105,7 @@ def test_a_library_without_the_kernels_falls_back_with_one_warning(built: Path, 
     assert "Traceback" not in done.stderr and done.stderr.count("compiled kernels are unavailable") == 1
 
 
+@pytest.mark.deploy
 @needs_cxx
 def test_killed_builds_and_private_builds_leave_nothing(built: Path, tmp_path: Path) -> None:
     cache, lib = _copy(built, tmp_path)
@@ -127,6 +129,7 @@ def test_killed_builds_and_private_builds_leave_nothing(built: Path, tmp_path: P
     assert not list(tmp.glob("fedhv-kernels-*"))
 
 
+@pytest.mark.deploy
 @pytest.mark.needs_data
 def test_the_switch_is_recorded_and_a_resume_with_another_warns(tmp_path: Path) -> None:
     from conftest import SMALL

@@ -138,6 +138,7 @@ TINY = ("rounds = 2\n[partition]\nclients = 4\nsamples_per_client = 40\n[train]\
         '[data]\nbenchmark = "grid_kill_benchmark:tiny"\n')
 
 
+@pytest.mark.deploy
 def test_grid_folders_calibrations_and_logs_are_never_followed(tmp_path: Path) -> None:
     """A grid received from others: a run folder or a calibration that is a link is refused before
     anything runs (one line naming it), and a ``run.log`` link is refused by the job instead of being
