@@ -106,6 +106,8 @@ class LossProp(fedhv.Method):
     name: ClassVar[str] = "lossprop"
     section: ClassVar[type] = LossPropConfig
     state: ClassVar[type] = LossPropState
+    complexity: ClassVar[tuple[str, str, str]] = (
+        "objective estimation, one weighted local trajectory", "Θ(d + m)", "moving average of the reports")
 
     def build(self, context: BuildContext) -> Built:
         return Built(LossPropAlgorithm(self.lr_global, self.config))

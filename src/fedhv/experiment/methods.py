@@ -47,6 +47,8 @@ class MethodSetup:
     #: another method the one a FedHV run of the same setting would use, with its calibration.
     diagnostics_reference: list[float] | None = None
     diagnostics_calibration: CalibrationResult | None = None
+    #: The method class's Table 12 description, when it declares one (``Method.complexity``).
+    complexity: tuple[str, str, str] | None = None
 
 
 def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray:
@@ -177,6 +179,8 @@ def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory 
     given by the caller) against this run (running a calibration if it asks for one and none is
     given; its rounds through ``federation_factory`` when given)."""
     context = RunContext(cfg, data, progress, calibration, federation_factory)
-    built = (method if method is not None else method_of(cfg)).build(context)
+    method = method if method is not None else method_of(cfg)
+    built = method.build(context)
     return MethodSetup(built.algorithm, None if built.reference is None else list(built.reference),
-                       built.reference_source, built.calibration)  # type: ignore[arg-type]
+                       built.reference_source, built.calibration,  # type: ignore[arg-type]
+                       complexity=type(method).complexity)

@@ -115,6 +115,8 @@ def summarize(cfg: RunConfig, setup: MethodSetup, task_names: tuple[str, ...], l
                   "rounds": rounds}
     if rounds < cfg.rounds:
         summary["stopped_early"] = True
+    if setup.complexity is not None:
+        summary["complexity"] = list(setup.complexity)
     if setup.reference is not None:
         summary["reference"] = setup.reference
         summary["reference_source"] = setup.reference_source

@@ -63,7 +63,9 @@ def table12(runs: Sequence[Run], paper: bool = False) -> list[Table]:
             both = None if down is None or up is None else (down + up) * clients
             client_s = Stat.of(_per_round(r, "time_client_s") for r in rs)
             server_s = Stat.of(_per_round(r, "time_server_s") for r in rs)
-            proc, comm, server = COMPLEXITY.get(m, ("–", "–", "–"))
+            declared = s0.get("complexity")  # the method's own (Method.complexity), else the paper's entry
+            ok = isinstance(declared, list) and len(declared) == 3 and all(isinstance(v, str) for v in declared)
+            proc, comm, server = declared if ok else COMPLEXITY.get(m, ("–", "–", "–"))
             cells = [Cell(text=proc), Cell(text=comm),
                      Cell(text="–" if down is None or up is None else f"{down:.3f} / {up:.3f}"),
                      Cell(text="–" if both is None else f"{both:.1f}"), Cell(text=str(s0.get("sync_stages") or "–")),

@@ -208,6 +208,8 @@ def test_a_method_in_one_installed_file_runs_through_every_entry_point(tmp_path:
     table = _fedhv(site, "table", str(grid), "--table", "1")
     assert table.returncode == 0 and "lossprop" in table.stdout and "uniform" in table.stdout.lower(), \
         table.stdout + table.stderr
+    costs = _fedhv(site, "table", str(grid), "--table", "12")  # its own Table 12 entry, from its class
+    assert costs.returncode == 0 and "moving average of the reports" in costs.stdout, costs.stdout + costs.stderr
 
 
 @pytest.mark.needs_data
