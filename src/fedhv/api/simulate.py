@@ -45,9 +45,10 @@ from fedhv.config.schema import (
     TrainConfig,
 )
 from fedhv.config.validation import validate
-from fedhv.data.user import UserBenchmark, registered
+from fedhv.data.user import UserBenchmark
 from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, load_calibration
+from fedhv.experiment.problem import OBJECTS_SOURCE, Problem
 from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
 from fedhv.methods import FedHV, Method
 from fedhv.metrics.summary import PAPER_HV_REFERENCE
@@ -63,7 +64,7 @@ __all__ = ["History", "calibrate", "simulate"]
 Callback = Callable[[int, dict[str, Any]], Any]
 
 #: ``config.toml``'s ``source`` of a run started here.
-SOURCE = "fedhv.simulate"
+SOURCE = OBJECTS_SOURCE
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -312,12 +313,13 @@ def simulate(model: nn.Module, data: FederatedDataset, method: Method | None = N
             f"continue with fedhv.simulate(..., resume={str(path)!r}) and the same model, data and arguments")
     hooks = RunHooks(on_round=callback, resume_hint=hint)
     try:
-        with registered(cfg.data.benchmark, ub):
-            validate(cfg)
-            if resume is not None:
-                summary = resume_experiment(path, progress, cfg.device, hooks=hooks)
-            else:
-                summary = run_experiment(cfg, path, progress, overwrite=overwrite, hooks=hooks)
+        validate(cfg)
+        problem = Problem.given(cfg.data.benchmark, ub)  # the user's objects, passed through as they are
+        if resume is not None:
+            summary = resume_experiment(path, progress, cfg.device, hooks=hooks, problem=problem, method=method)
+        else:
+            summary = run_experiment(cfg, path, progress, overwrite=overwrite, hooks=hooks, problem=problem,
+                                     method=method)
         hist = _history(path, summary, model, cfg.device, time.perf_counter() - start)
     finally:
         if temp is not None:
@@ -343,7 +345,7 @@ def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, mar
     Returns the calibration (``.reference``, ``.max_report``, ``.reports``, bytes, seconds).
     """
     from fedhv.experiment.calibration import calibrate as run_calibration
-    from fedhv.experiment.runner import _bar_factory, federated_data
+    from fedhv.experiment.runner import _bar_factory
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ConfigError(f"rounds = {rounds!r} must be >= 1 for a calibration")
@@ -356,7 +358,7 @@ def calibrate(model: nn.Module, data: FederatedDataset, *, rounds: int = 20, mar
     if not 0 <= margin < float("inf") or not seeds:
         raise ConfigError(f"margin = {margin}, seeds = {list(seeds)}: a calibration needs a finite margin >= 0 and "
                           "at least one seed")
-    with registered(cfg.data.benchmark, _benchmark(model, data, heads, cfg.device)):
-        validate(cfg)
-        return run_calibration(cfg, federated_data(cfg), _bar_factory(progress))
+    validate(cfg)
+    problem = Problem.given(cfg.data.benchmark, _benchmark(model, data, heads, cfg.device))
+    return run_calibration(cfg, problem.data(cfg), _bar_factory(progress), problem=problem)
 

@@ -154,8 +154,10 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
     _choice("engine", cfg.engine, ENGINES)
     _choice("dtype", cfg.dtype, DTYPES)
     check_device(cfg.device)
-    if import_code or reference_module(cfg.data.benchmark) is None:
-        resolve_benchmark(cfg.data.benchmark)  # a registered name, or an importable 'module:attr' factory
+    if cfg.source is None and (import_code or reference_module(cfg.data.benchmark) is None):
+        # a registered name, or an importable 'module:attr' factory (a run whose source gave its model and data
+        # as objects, fedhv.simulate's, names them for the record only)
+        resolve_benchmark(cfg.data.benchmark)
     _choice("partition.strata", cfg.partition.strata, STRATA)
     if cfg.rounds < 1:
         raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")

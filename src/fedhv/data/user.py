@@ -19,12 +19,11 @@ declared ``version``.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import hashlib
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,9 +140,10 @@ def provenance(name: str, ub: UserBenchmark) -> dict[str, Any]:
 
 
 def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtype, device: str,
-                        max_test_samples: int = 0) -> FederatedData:
-    """The user benchmark's tensors on ``device``, partitioned by ``partition``."""
-    ub = user_benchmark(name)
+                        max_test_samples: int = 0, ub: UserBenchmark | None = None) -> FederatedData:
+    """The user benchmark's tensors on ``device``, partitioned by ``partition`` (``ub``: the
+    benchmark itself, else the one ``name`` names)."""
+    ub = ub if ub is not None else user_benchmark(name)
     if ub is None:
         raise ConfigError(f"data.benchmark = {name!r} is a built-in benchmark; load it with load_benchmark")
     if ub.dataset is not None:  # split already (fedhv.simulate): its partition and test set as they are
@@ -169,7 +169,8 @@ def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtyp
     return dataclasses.replace(data, provenance=prov)
 
 
-def user_model(name: str, data: FederatedData, batch_size: int | None = None) -> MultiTaskModel:
+def user_model(name: str, data: FederatedData, batch_size: int | None = None,
+               ub: UserBenchmark | None = None) -> MultiTaskModel:
     """The user benchmark's model as a :class:`MultiTaskModel` (float32 on the CPU, before init).
 
     Checked before round 1: an eval-mode forward on a few training rows (output shapes and
@@ -177,7 +178,7 @@ def user_model(name: str, data: FederatedData, batch_size: int | None = None) ->
     the model cannot take fails here, not at the first evaluation) and, given
     ``batch_size``, a train-mode forward on a batch of that size (BatchNorm's batch of one).
     """
-    ub = user_benchmark(name)
+    ub = ub if ub is not None else user_benchmark(name)
     assert ub is not None
     if isinstance(ub.model, nn.Module):
         module = copy.deepcopy(ub.model)
@@ -242,23 +243,3 @@ def _probe(module: nn.Module, x: torch.Tensor, data: FederatedData, dtype: torch
         with torch.no_grad():
             for n, b in module.named_buffers():
                 b.copy_(saved[n])
-
-
-@contextlib.contextmanager
-def registered(name: str, ub: UserBenchmark) -> Iterator[str]:
-    """Register ``ub`` as benchmark ``name`` for the duration of the block (``fedhv.simulate``).
-
-    The entry and its cached benchmark are removed afterwards, so the process keeps no
-    reference to the user's data or model.
-    """
-    from fedhv.registry import BENCHMARKS
-
-    def factory() -> UserBenchmark:
-        return ub
-
-    BENCHMARKS.register(name, factory, replace=True)
-    try:
-        yield name
-    finally:
-        BENCHMARKS.unregister(name)
-        _LOADED.pop((name, id(factory)), None)

@@ -33,7 +33,8 @@ from fedhv.data.federated import FederatedData
 from fedhv.errors import FedHVError
 from fedhv.experiment.divergence import check_calibration_round, lr_hint
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
-from fedhv.experiment.setup import make_engine, new_model
+from fedhv.experiment.problem import Problem
+from fedhv.experiment.setup import make_engine
 from fedhv.models import get_flat
 from fedhv.weighting.module import reference_from_losses
 
@@ -131,13 +132,16 @@ def load_calibration(path: str | Path) -> CalibrationResult:
 
 
 def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
-              federation_factory: FederationFactory | None = None) -> CalibrationResult:
+              federation_factory: FederationFactory | None = None, problem: Problem | None = None
+              ) -> CalibrationResult:
     """Run the uniform-weight calibration and derive the reference.
 
     ``progress(total, description)``, if given, returns a progress bar (``update()``,
     ``close()``) advanced once per calibration round. ``federation_factory`` runs the
     calibration rounds on another back-end (:func:`~fedhv.experiment.loop.run_rounds`).
+    ``problem`` makes the models (by default the one ``cfg`` names).
     """
+    problem = problem if problem is not None else Problem.of(cfg)
     c = cfg.calibration
     bar = progress(c.rounds * len(c.seeds), "calibration") if progress is not None else None
     start = time.perf_counter()
@@ -153,7 +157,7 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
     for seed in c.seeds:
         current = str(seed)
         records[current] = []
-        model = new_model(cfg, data, seed)
+        model = problem.model(cfg, data, seed)
         engine = make_engine(cfg, model, data, seed, stream="calibration")
         algorithm = UniformAlgorithm(lr_global=cfg.lr_global, report=True,
                                      report_batches=cfg.section(CALIBRATION_METHOD).report_batches)

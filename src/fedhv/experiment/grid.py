@@ -200,10 +200,11 @@ def _rounds_done(job: Job, finished: set[str]) -> int:
 
 def _run_calibration(job: CalibrationJob) -> str:
     from fedhv.experiment.methods import resolve_reference
-    from fedhv.experiment.setup import federated_data
+    from fedhv.experiment.problem import Problem
 
     cfg = load_config(job.source, job.overrides)
-    _, _, result = resolve_reference(cfg, federated_data(cfg))
+    problem = Problem.of(cfg)
+    _, _, result = resolve_reference(cfg, problem.data(cfg), problem=problem)
     assert result is not None
     Path(job.path).parent.mkdir(parents=True, exist_ok=True)
     write_json(Path(job.path), result.as_dict())

@@ -252,12 +252,13 @@ def task_calibration(job: Any, cpus: float, driver: tuple[int, int | None] | Non
     """A grid calibration as a Ray task: its result (the driver writes the file)."""
     from fedhv.config import load_config
     from fedhv.experiment.methods import resolve_reference
-    from fedhv.experiment.setup import federated_data
+    from fedhv.experiment.problem import Problem
 
     _threads(cpus)
     watch_driver(driver)
     cfg = load_config(job.source, job.overrides)
-    _, _, result = resolve_reference(cfg, federated_data(cfg))
+    problem = Problem.of(cfg)
+    _, _, result = resolve_reference(cfg, problem.data(cfg), problem=problem)
     assert result is not None
     return result.as_dict()
 

@@ -28,7 +28,7 @@ from fedhv.errors import ConfigError
 from fedhv.experiment.calibration import CalibrationResult, ProgressFactory, calibrate
 from fedhv.experiment.divergence import check_calibration_reports, lr_hint
 from fedhv.experiment.loop import FederationFactory
-from fedhv.experiment.setup import federated_data, new_model
+from fedhv.experiment.problem import Problem
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import ParamLayout, TaskSlices
 from fedhv.objectives import nonnegative_losses
@@ -51,9 +51,9 @@ class MethodSetup:
     complexity: tuple[str, str, str] | None = None
 
 
-def initial_losses(cfg: RunConfig, data: FederatedData, seed: int) -> np.ndarray:
+def initial_losses(cfg: RunConfig, data: FederatedData, seed: int, problem: Problem | None = None) -> np.ndarray:
     """Task losses of the initial model over all clients' training samples."""
-    model = new_model(cfg, data, seed).eval()
+    model = (problem if problem is not None else Problem.of(cfg)).model(cfg, data, seed).eval()
     idx = torch.unique(data.parts.reshape(-1))
     losses, _ = per_sample_losses(model, data.train_x[idx], data.train_y[idx], 2048, data.objective)
     return losses.double().mean(0).cpu().numpy()
@@ -70,7 +70,12 @@ class RunContext:
     progress: ProgressFactory | None = None
     given_calibration: CalibrationResult | None = None
     federation_factory: FederationFactory | None = None
+    problem: Problem | None = None
     _calibration: CalibrationResult | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.problem is None:
+            self.problem = Problem.of(self.cfg)
 
     @property
     def num_tasks(self) -> int:
@@ -92,7 +97,8 @@ class RunContext:
         """Encoder and head positions of the model; a user's module must hold one head per task in
         its ``heads`` submodule (:func:`fedhv.checks.check_heads`)."""
         cfg, data = self.cfg, self.data
-        model = new_model(cfg, data, cfg.seed)
+        assert self.problem is not None
+        model = self.problem.model(cfg, data, cfg.seed)
         user = getattr(model, "module", None)
         keys = None
         if isinstance(user, torch.nn.Module) and hasattr(model, "heads_name"):
@@ -102,7 +108,7 @@ class RunContext:
         return TaskSlices.of(ParamLayout.of(model), data.num_tasks, model.head_prefix, keys).to(cfg.device)
 
     def initial_losses(self) -> np.ndarray:
-        return initial_losses(self.cfg, self.data, self.cfg.seed)
+        return initial_losses(self.cfg, self.data, self.cfg.seed, self.problem)
 
     def calibration(self) -> CalibrationResult:
         """The given calibration (a resumed run's, or one shared across a grid), checked; else a fresh
@@ -126,8 +132,9 @@ class RunContext:
                         "federation's clients hold; set fedhv.reference (a list of values or \"paper\"), e.g. "
                         "from a `fedhv run` calibration.json"
                     )
-                cal_data = federated_data(dataclasses.replace(cfg, partition=p))
-            result = calibrate(cfg, cal_data, self.progress, self.federation_factory)
+                assert self.problem is not None
+                cal_data = self.problem.data(dataclasses.replace(cfg, partition=p))
+            result = calibrate(cfg, cal_data, self.progress, self.federation_factory, self.problem)
         check_calibration_reports(result.reports, result.reference, lr_hint(cfg.lr_local, cfg.lr_global),
                                   nonnegative_losses(data.objective, m))
         self._calibration = result
@@ -142,18 +149,18 @@ def method_of(cfg: RunConfig) -> Method:
 
 def resolve_reference(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
                       calibration: CalibrationResult | None = None,
-                      federation_factory: FederationFactory | None = None,
+                      federation_factory: FederationFactory | None = None, problem: Problem | None = None,
                       ) -> tuple[np.ndarray, str, CalibrationResult | None]:
     """FedHV's training reference ``r`` for ``cfg`` (``[fedhv]``, ``[calibration]``), where it came
     from, and the calibration behind it (:meth:`fedhv.algorithms.fedhv.FedHV.resolve_reference`)."""
-    context = RunContext(cfg, data, progress, calibration, federation_factory)
+    context = RunContext(cfg, data, progress, calibration, federation_factory, problem)
     ref, source, cal = FedHV.from_config(cfg).resolve_reference(context)
     return ref, source, cal  # type: ignore[return-value]
 
 
 def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: MethodSetup,
                               progress: ProgressFactory | None = None,
-                              calibration: CalibrationResult | None = None) -> None:
+                              calibration: CalibrationResult | None = None, problem: Problem | None = None) -> None:
     """Set ``setup.diagnostics_reference``: the method's FedHV reference, or -- for a method
     without one -- the reference a FedHV run of this setting would resolve (``fedhv.reference``;
     a calibration runs with FedHV's learning rates ``[lr.fedhv]`` when the setting has them, so a
@@ -167,18 +174,19 @@ def add_diagnostics_reference(cfg: RunConfig, data: FederatedData, setup: Method
     if rates is not None:
         fedhv_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_global=rates.global_,
                                                                        lr_local=rates.local))
-    ref, _, cal = resolve_reference(fedhv_cfg, data, progress, calibration)
+    ref, _, cal = resolve_reference(fedhv_cfg, data, progress, calibration, problem=problem)
     setup.diagnostics_reference = ref.tolist()
     setup.diagnostics_calibration = cal
 
 
 def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | None = None,
                  calibration: CalibrationResult | None = None,
-                 federation_factory: FederationFactory | None = None, method: Any = None) -> MethodSetup:
-    """Build the configured method's algorithm (or ``method``'s, an object of the configured class
-    given by the caller) against this run (running a calibration if it asks for one and none is
-    given; its rounds through ``federation_factory`` when given)."""
-    context = RunContext(cfg, data, progress, calibration, federation_factory)
+                 federation_factory: FederationFactory | None = None, method: Any = None,
+                 problem: Problem | None = None) -> MethodSetup:
+    """Build the configured method's algorithm (or ``method``'s, the object a caller passes through)
+    against this run's ``problem`` (running a calibration if it asks for one and none is given; its
+    rounds through ``federation_factory`` when given)."""
+    context = RunContext(cfg, data, progress, calibration, federation_factory, problem)
     method = method if method is not None else method_of(cfg)
     built = method.build(context)
     return MethodSetup(built.algorithm, None if built.reference is None else list(built.reference),

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from fedhv import safe_io
+from fedhv.algorithms.method import Method
 from fedhv.code_digest import code_record
 from fedhv.config import dumps, to_dict
 from fedhv.config.flower import refuse_in_simulator, refuse_on_flower
@@ -48,6 +49,7 @@ from fedhv.experiment.environment import (
 )
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.methods import MethodSetup, add_diagnostics_reference, build_method
+from fedhv.experiment.problem import Problem
 from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-exported
     evaluate,
     evaluation_entry,
@@ -55,7 +57,7 @@ from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-ex
     summarize,
     write_model,
 )
-from fedhv.experiment.setup import federated_data, make_engine, new_model
+from fedhv.experiment.setup import make_engine
 from fedhv.experiment.signals import Terminated, signals_deferred, sigterm_as_interrupt  # noqa: F401 - re-exported
 from fedhv.metrics.evaluate import describe_metrics
 from fedhv.models import get_flat, set_flat
@@ -156,8 +158,10 @@ def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:
 
 def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | None,
              federation_factory: FederationFactory | None = None, resume: Path | None = None,
-             hooks: RunHooks | None = None) -> tuple[FederatedData, MethodSetup]:
-    """Threads, data and the built method (calibrating unless ``calibration`` is given).
+             hooks: RunHooks | None = None, problem: Problem | None = None, method: Method | None = None,
+             ) -> tuple[FederatedData, MethodSetup, Problem]:
+    """Threads, the problem (``cfg``'s unless given), its data and the built method (``method`` passed
+    through when given; calibrating unless ``calibration`` is given).
 
     Every run and resume starts here, so this is where the simulator (no ``federation_factory``)
     refuses ``flower.secure_aggregation = true`` (:func:`fedhv.config.flower.refuse_in_simulator`).
@@ -168,18 +172,20 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
         refuse_on_flower(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    data = federated_data(cfg)
+    problem = problem.for_config(cfg) if problem is not None else Problem.of(cfg)
+    data = problem.data(cfg)
     bars = hooks.progress if hooks is not None and hooks.progress is not None else _bar_factory(progress)
-    setup = build_method(cfg, data, bars, calibration, federation_factory)
+    setup = build_method(cfg, data, bars, calibration, federation_factory, method, problem)
     if cfg.diagnostics.enabled:
-        add_diagnostics_reference(cfg, data, setup, bars, calibration)
-    return data, setup
+        add_diagnostics_reference(cfg, data, setup, bars, calibration, problem)
+    return data, setup, problem
 
 
 def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progress: bool = True,
                    calibration: CalibrationResult | None = None, overwrite: bool = False,
                    federation_factory: FederationFactory | None = None,
-                   hooks: RunHooks | None = None) -> dict[str, Any]:
+                   hooks: RunHooks | None = None, *, problem: Problem | None = None,
+                   method: Method | None = None) -> dict[str, Any]:
     """Train ``cfg.method`` on ``cfg``'s setting and write the run directory.
 
     Parameters
@@ -197,6 +203,11 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
     federation_factory : FederationFactory, optional
         Serve the rounds (and a FedHV calibration) from another back-end, e.g. Flower
         (:mod:`fedhv.flower.server`); default: the simulator.
+    problem : Problem, optional
+        The data and model factory (:mod:`fedhv.experiment.problem`); default: the one
+        ``data.benchmark`` names. :func:`fedhv.simulate` passes the user's objects.
+    method : Method, optional
+        The method object (of ``cfg.method``'s class) to build; default: the one ``cfg`` describes.
 
     Returns
     -------
@@ -211,7 +222,8 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
     run = out if isinstance(out, RunDir) else claim_run_dir(cfg, out, overwrite)
     with sigterm_as_interrupt():
         try:
-            data, setup = _prepare(cfg, progress, calibration, federation_factory, hooks=hooks)
+            data, setup, problem = _prepare(cfg, progress, calibration, federation_factory, hooks=hooks,
+                                            problem=problem, method=method)
             run.write_text("config.toml", dumps(to_dict(cfg)))
             # a federation factory may say what its clients serve (Flower: each node's data)
             env = environment(data.provenance, getattr(federation_factory, "provenance", None))
@@ -226,12 +238,14 @@ def run_experiment(cfg: RunConfig, out: str | Path | RunDir | None = None, progr
                     (run.path / name).unlink(missing_ok=True)
             run.abandon()
             raise
-        return _train(cfg, run, data, setup, None, start, progress, federation_factory, hooks=hooks)
+        return _train(cfg, run, data, setup, None, start, progress, federation_factory, hooks=hooks,
+                      problem=problem)
 
 
 def resume_experiment(run_dir: str | Path | RunDir, progress: bool = True, device: str | None = None,
                       federation_factory: FederationFactory | None = None,
-                      hooks: RunHooks | None = None, accept_changed_code: bool = False) -> dict[str, Any]:
+                      hooks: RunHooks | None = None, accept_changed_code: bool = False, *,
+                      problem: Problem | None = None, method: Method | None = None) -> dict[str, Any]:
     """Continue an interrupted run to its configured number of rounds.
 
     The run restarts from its last checkpoint (round 0 when it has none, reusing its
@@ -249,6 +263,7 @@ def resume_experiment(run_dir: str | Path | RunDir, progress: bool = True, devic
     A run naming ``data.benchmark = "module:attr"`` first logs the module and file it imports, and is
     refused when that module's source changed since the run began (:mod:`fedhv.experiment.code_check`)
     unless ``accept_changed_code``. ``run_dir`` may be a :class:`RunDir` this process already holds.
+    ``problem`` and ``method``: as for :func:`run_experiment` (the run's own objects).
     """
     run = run_dir if isinstance(run_dir, RunDir) else None
     path = run.path if run is not None else Path(run_dir)  # type: ignore[arg-type]
@@ -257,14 +272,16 @@ def resume_experiment(run_dir: str | Path | RunDir, progress: bool = True, devic
     run = run if run is not None else RunDir(path)
     try:
         with sigterm_as_interrupt():
-            return _resume(path, run, progress, device, federation_factory, hooks, accept_changed_code)
+            return _resume(path, run, progress, device, federation_factory, hooks, accept_changed_code, problem,
+                           method)
     finally:
         run.close()
 
 
 def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
             federation_factory: FederationFactory | None = None, hooks: RunHooks | None = None,
-            accept_changed_code: bool = False) -> dict[str, Any]:
+            accept_changed_code: bool = False, problem: Problem | None = None,
+            method: Method | None = None) -> dict[str, Any]:
     """:func:`resume_experiment` with ``path`` locked by ``run``."""
     config_path = path / "config.toml"
     if (path / "summary.json").exists():
@@ -297,9 +314,10 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     calibration = None
     if (path / "calibration.json").exists():
         calibration = load_calibration(path / "calibration.json")  # verifies its digest
-    data, setup = _prepare(cfg, progress, calibration, federation_factory, path, hooks=hooks)
+    data, setup, problem = _prepare(cfg, progress, calibration, federation_factory, path, hooks=hooks,
+                                    problem=problem, method=method)
     if ckpt is not None:  # round range, model size, state kind and task count
-        check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(new_model(cfg, data, cfg.seed)).numel(),
+        check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(problem.model(cfg, data, cfg.seed)).numel(),
                          setup.algorithm.init_state(data.num_tasks))
     for stale in path.glob(".*.*"):  # temporary files of writes cut short by a kill
         if stale.name.startswith(tuple(f".{name}." for name in RUN_FILES)):
@@ -313,7 +331,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
     log.warning("resuming %s at round %d of %d", path, done, cfg.rounds)
     resumed = {"round": done, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": cfg.device,
                "torch_threads": torch.get_num_threads(), "kernels": kernel_fingerprint()}
-    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory, resumed, hooks)
+    return _train(cfg, run, data, setup, ckpt, start, progress, federation_factory, resumed, hooks, problem)
 
 
 def _diagnostics(cfg: RunConfig, data: FederatedData, setup: MethodSetup, path: Path, ckpt: Checkpoint | None,
@@ -336,7 +354,8 @@ def _diagnostics(cfg: RunConfig, data: FederatedData, setup: MethodSetup, path: 
 
 def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup, ckpt: Checkpoint | None,
            start: float, progress: bool, federation_factory: FederationFactory | None = None,
-           resumed: dict[str, Any] | None = None, hooks: RunHooks | None = None) -> dict[str, Any]:
+           resumed: dict[str, Any] | None = None, hooks: RunHooks | None = None,
+           problem: Problem | None = None) -> dict[str, Any]:
     """The round loop with evaluation, logging and checkpoints, then the final files.
 
     The engine's chunking (:func:`chunk_record`, machine-dependent) goes to ``environment.json``
@@ -344,8 +363,9 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
     """
     try:
         run.open_logs()
-        model = new_model(cfg, data, cfg.seed)
-        evaluator = new_model(cfg, data, cfg.seed).eval()
+        problem = problem if problem is not None else Problem.of(cfg)
+        model = problem.model(cfg, data, cfg.seed)
+        evaluator = problem.model(cfg, data, cfg.seed).eval()
         engine = make_engine(cfg, model, data, cfg.seed, stream="train")
         if federation_factory is not None and engine.buffers and cfg.flower.secure_aggregation:
             raise ConfigError(f"the model has buffers ({', '.join(engine.buffer_names[:3])}, ...): secure aggregation "

@@ -18,12 +18,11 @@ from fedhv.data.configured import (  # re-exported: this module's names before d
     partition_sizes,
 )
 from fedhv.data.federated import FederatedData
-from fedhv.data.user import user_benchmark, user_model
 from fedhv.errors import ConfigError
-from fedhv.models import MultiTaskModel, build_model, default_init
+from fedhv.experiment.problem import Problem
+from fedhv.models import MultiTaskModel
 from fedhv.models.module import ModuleAdapter, vmap_problem
-from fedhv.registry import BENCHMARKS
-from fedhv.rng import numpy_rng, torch_generator
+from fedhv.rng import numpy_rng
 from fedhv.sim.batched import BatchedEngine
 from fedhv.sim.engine import Engine, SequentialEngine
 from fedhv.sim.local_opt import LocalTraining
@@ -41,14 +40,7 @@ def new_model(cfg: RunConfig, data: FederatedData, seed: int) -> MultiTaskModel:
     The initialisation is drawn on the CPU and the model then moved to ``cfg.device``,
     so every device starts from the same parameters.
     """
-    ub = user_benchmark(cfg.data.benchmark)
-    if ub is not None:
-        model = user_model(cfg.data.benchmark, data, cfg.train.batch_size)
-    else:
-        model = build_model(BENCHMARKS.get(cfg.data.benchmark).model, data.num_classes)
-    if ub is None or ub.initialise:  # else theta^0 is the user's module's own (fedhv.simulate)
-        default_init(model, torch_generator(seed, "model-init"))
-    return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
+    return Problem.of(cfg).model(cfg, data, seed)
 
 
 def local_training(cfg: RunConfig) -> LocalTraining:

@@ -212,7 +212,7 @@ def test_secure_aggregation_refuses_a_model_with_buffers_before_round_one(tmp_pa
     import dataclasses
 
     from fedhv.api.simulate import _base_config, _benchmark, _train_keys
-    from fedhv.data.user import registered
+    from fedhv.experiment.problem import Problem
     from fedhv.experiment.runner import run_experiment
 
     data = _data()
@@ -222,9 +222,10 @@ def test_secure_aggregation_refuses_a_model_with_buffers_before_round_one(tmp_pa
                                                  3.0))
     cfg = dataclasses.replace(cfg, flower=dataclasses.replace(cfg.flower, secure_aggregation=True))
     called = []
-    with registered(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu")), \
-            pytest.raises(fedhv.ConfigError, match="secure aggregation returns only the mean"):
-        run_experiment(cfg, tmp_path / "r", progress=False, federation_factory=lambda *a: called.append(a))
+    problem = Problem.given(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu"))
+    with pytest.raises(fedhv.ConfigError, match="secure aggregation returns only the mean"):
+        run_experiment(cfg, tmp_path / "r", progress=False, federation_factory=lambda *a: called.append(a),
+                       problem=problem)
     assert not called and not (tmp_path / "r" / "rounds.jsonl").read_text().strip()
 
 
@@ -251,9 +252,8 @@ def _tokens() -> fedhv.FederatedDataset:
 
 def test_token_ids_and_module_dict_heads_split_by_task_name(caplog) -> None:
     from fedhv.api.simulate import _base_config, _benchmark, _train_keys
-    from fedhv.data.user import registered
     from fedhv.experiment.methods import RunContext
-    from fedhv.experiment.setup import federated_data
+    from fedhv.experiment.problem import Problem
 
     data = _tokens()
     with warnings.catch_warnings():
@@ -264,8 +264,8 @@ def test_token_ids_and_module_dict_heads_split_by_task_name(caplog) -> None:
     train = _train_keys(2, 8, 0.1, 0.0, "sgd", None, None, None, "mean")
     model = TokenBag()
     cfg = fedhv.FSMGDA().configure(_base_config(model, data, "t", 1, 3, train, 0, "batched", "fp32", None, 1, 3.0))
-    with registered(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu")):
-        slices = RunContext(cfg, federated_data(cfg)).task_slices()
+    problem = Problem.given(cfg.data.benchmark, _benchmark(model, data, "heads", "cpu"))
+    slices = RunContext(cfg, problem.data(cfg), problem=problem).task_slices()
     assert [len(h) for h in slices.heads] == [8 * 3 + 3, 8 + 1]  # each task's own head, by name
     with pytest.raises(fedhv.ConfigError, match=r"nn.ModuleDict keyed \['a', 'b'\]; key it by the task names"):
         fedhv.simulate(TokenBag(("a", "b")), data, fedhv.FSMGDA(), rounds=1, progress=False)
