@@ -231,6 +231,7 @@ def test_kill9_of_flower_local_leaves_nothing_and_resume_is_bit_identical(tmp_pa
     assert torch.equal(theta_of(out), theta_of(sim))
 
 
+@pytest.mark.needs_data
 @needs_flwr
 def test_resume_of_a_busy_run_directory_is_refused_before_any_process_starts(tmp_path: Path) -> None:
     """Another process holds the run directory: ``--resume`` says so (exit 2) and starts no
