@@ -6,7 +6,9 @@ import it: ``node`` (a SuperNode's computation) does not, the others do.
 - :mod:`fedhv.flower.protocol`: the records of each message;
 - :mod:`fedhv.flower.client`: the ``ClientApp`` (``fedhv.flower.client:app``);
 - :mod:`fedhv.flower.federation`: the ``Federation`` over a ``Grid``;
-- :mod:`fedhv.flower.server`: the ``ServerApp`` (``fedhv.flower.server:app``);
+- :mod:`fedhv.flower.app`: the one ``ServerApp`` (``fedhv.flower.app:server_app``, for ``flwr run``
+  of the App and ``fedhv flower local`` alike) and the App's ClientApp;
+- :mod:`fedhv.flower.server`: the server side of a run (the federation factory, progress lines);
 - :mod:`fedhv.flower.secure` / :mod:`fedhv.flower.secure_client`: secure aggregation (SecAgg+),
   the server's and the node's side;
 - :mod:`fedhv.flower.executor`: a long-lived ClientApp process (``--isolation process``);

@@ -23,7 +23,16 @@ key                meaning
 ``data-dir``       the ServerApp's data folder (its test set); empty: ``FEDHV_DATA``
 ``stage-timeout``  seconds a stage waits for replies (0: until every client answered)
 ``node-wait``      seconds to wait for the SuperNodes
+``config``         a resolved fedhv configuration (a run's ``config.toml``) on the ServerApp's host, in
+                   place of ``setting`` / ``method`` / ``rounds`` / ``seed`` / ``set`` / ``clients`` (what
+                   ``fedhv flower local`` gives: its clients are the configuration's)
+``log``            a file that also receives the app's log and the error of a failed run (flwr 1.42
+                   does not always keep a ServerApp's output anywhere the operator can read it)
 ================== ========================================================================
+
+This is fedhv's one ServerApp: ``flwr run`` of the App and ``fedhv flower local`` (whose
+generated app names it with a ``config`` and a ``log``) run the same code
+(``fedhv.flower.server:app`` is this object too).
 
 The partition of each SuperNode comes from its ``node_config`` (``partition-id``,
 ``num-partitions``): the Simulation Engine sets both for its virtual SuperNodes; a real
@@ -64,7 +73,9 @@ __all__ = ["AppOptions", "app_options", "client_app", "discover_partitions", "se
 #: The app's run-config keys and their defaults (``flower-app/pyproject.toml`` holds the same).
 DEFAULTS: dict[str, Any] = {"setting": "multimnist", "method": "fedhv", "rounds": 0, "seed": 0, "set": "",
                             "clients": 0, "out": "", "resume": "", "data-dir": "", "stage-timeout": 0.0,
-                            "node-wait": 120.0, "accept-changed-code": False}
+                            "node-wait": 120.0, "accept-changed-code": False, "config": "", "log": ""}
+#: The keys a ``config`` replaces (a resolved configuration says all of them).
+CONFIG_KEYS = ("setting", "method", "rounds", "seed", "set", "clients")
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,8 @@ class AppOptions:
     stage_timeout: float
     node_wait: float
     accept_changed_code: bool = False
+    config: str = ""
+    log: str = ""
 
 
 def app_options(run_config: dict[str, Any]) -> AppOptions:
@@ -125,6 +138,14 @@ def app_options(run_config: dict[str, Any]) -> AppOptions:
         except ConfigError as exc:
             raise FlowerSetupError(str(exc)) from None
 
+    for key in ("config", "log"):
+        if not isinstance(rc[key], str):
+            raise FlowerSetupError(f"run config {key} = {rc[key]!r}: expected a path (a string)")
+    if rc["config"]:
+        given = [k for k in CONFIG_KEYS if k in run_config and run_config[k] != DEFAULTS[k]]
+        if given:
+            raise FlowerSetupError(f"run config config = {rc['config']!r} is a whole configuration, and {given} "
+                                   "would change it; give either config or those keys")
     if not isinstance(rc["set"], str):
         raise FlowerSetupError(f"run config set = {rc['set']!r}: expected a string of TOML overrides, e.g. "
                                "--run-config 'set=\"train.lr_local = 0.01; eval.test_period = 5\"'")
@@ -140,7 +161,7 @@ def app_options(run_config: dict[str, Any]) -> AppOptions:
     return AppOptions(str(rc["setting"]), str(rc["method"]), number("rounds", int, 0),
                       number("seed", int, 0, SEED_BOUND - 1), overrides, clients, str(rc["out"]), str(rc["resume"]),
                       str(rc["data-dir"]), checked("stage-timeout", check_wait), checked("node-wait", check_wait),
-                      flag("accept-changed-code"))
+                      flag("accept-changed-code"), str(rc["config"]), str(rc["log"]))
 
 
 def discover_partitions(grid: Grid, wait_s: float) -> int:
@@ -213,10 +234,14 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         summary = resume_experiment(run, progress=False, federation_factory=factory, hooks=hooks,
                                     accept_changed_code=opts.accept_changed_code)
         return {**summary, "run_dir": opts.resume}
-    # clients given: no discovery pass (the handshake still checks every partition is served): at
-    # 10,000 virtual SuperNodes each pass over the nodes costs minutes in Flower's message store
-    nodes = opts.clients or discover_partitions(grid, opts.node_wait)  # asks node_config only: no data
-    cfg = on_flower(run_config_to_fedhv(opts, nodes))  # config.toml: the engine the nodes run
+    if opts.config:  # a resolved configuration (fedhv flower local): its clients, no discovery pass
+        cfg = on_flower(config_from_toml_text(read_config_file(opts.config)))
+        nodes = cfg.partition.clients
+    else:
+        # clients given: no discovery pass (the handshake still checks every partition is served): at
+        # 10,000 virtual SuperNodes each pass over the nodes costs minutes in Flower's message store
+        nodes = opts.clients or discover_partitions(grid, opts.node_wait)  # asks node_config only: no data
+        cfg = on_flower(run_config_to_fedhv(opts, nodes))  # config.toml: the engine the nodes run
     text = dumps(to_dict(cfg))
     log.info("fedhv: %s %s seed %d on %d SuperNodes, %d rounds", cfg.setting, cfg.method, cfg.seed, nodes, cfg.rounds)
     from fedhv.flower.runconf import default_out
@@ -237,6 +262,17 @@ def serve_app(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     return {**summary, "run_dir": str(out)}
 
 
+def read_config_file(path: str) -> str:
+    """The text of the configuration file ``config`` names (a FIFO or a device refused, 16 MiB at most)."""
+    from fedhv import safe_io
+
+    try:
+        return safe_io.read_regular(path, safe_io.MiB * 16, follow=True).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlowerSetupError(f"run config config = {path!r}: cannot read it ({exc}); give a fedhv config.toml "
+                               "on the ServerApp's host") from None
+
+
 def held_run_dir(resume: str) -> Any:
     """The run directory ``resume`` locked by this process (:class:`~fedhv.results.rundir.RunDir`); a
     link, a missing directory, a FIFO or a directory another process holds is refused with one line."""
@@ -254,13 +290,33 @@ def held_run_dir(resume: str) -> Any:
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """ServerApp entry point: the run, its progress and its final metrics in the run's log."""
+    """ServerApp entry point: the run, its progress and its final metrics in the run's log (and in
+    the ``log`` file when the run config names one, the error of a failed run included)."""
+    from fedhv._malloc import tune_allocator
     from fedhv.flower.server import fast_pulls
 
     logging.basicConfig(level=logging.INFO)
+    # httpx logs every request at INFO; flwr forwards each log line to the SuperLink with a request of its
+    # own (logged again), so its queue never empties and flwr-serverapp's exit waits out flush_logs' 3 s.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     log.setLevel(logging.INFO)
-    fast_pulls()
-    summary = serve_app(grid, dict(context.run_config))
-    log.info("fedhv: finished: MeanAcc %s, WorstAcc %s, HV %s; run directory %s", summary.get("mean_acc"),
-             summary.get("worst_acc"), summary.get("hv"), summary.get("run_dir"))
+    run_config = dict(context.run_config)
+    path = run_config.get("log", "")
+    handler = None
+    if isinstance(path, str) and path:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+    try:
+        tune_allocator()  # this process is the run's (flwr-serverapp); as fedhv run does
+        fast_pulls()
+        summary = serve_app(grid, run_config)
+        log.info("fedhv: finished: MeanAcc %s, WorstAcc %s, HV %s; run directory %s", summary.get("mean_acc"),
+                 summary.get("worst_acc"), summary.get("hv"), summary.get("run_dir"))
+    except BaseException as e:
+        log.exception("%s: %s", type(e).__name__, e)  # noqa: TRY401 - the one line an operator greps
+        raise
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()

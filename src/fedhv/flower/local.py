@@ -10,7 +10,7 @@
   fresh ``flwr-clientapp`` process per message;
 
 generates the Flower app (``pyproject.toml`` with ``[tool.flwr.app.components]``
-``fedhv.flower.server:app`` / ``fedhv.flower.client:app`` and the run config) and a
+``fedhv.flower.app:server_app`` / ``fedhv.flower.client:app`` and the run config) and a
 ``FLWR_HOME`` whose ``config.toml`` names the local SuperLink, submits the run as
 ``flwr run`` does (in process: :func:`fedhv.flower.control.start_run`), follows
 ``rounds.jsonl`` for progress and the run's status on the SuperLink's Control API, and

@@ -67,7 +67,7 @@ packages = ["."]
 publisher = "fedhv"
 
 [tool.flwr.app.components]
-serverapp = "fedhv.flower.server:app"
+serverapp = "fedhv.flower.app:server_app"
 clientapp = "fedhv.flower.client:app"
 
 [tool.flwr.app.config]

@@ -1,19 +1,11 @@
-"""fedhv's Flower ``ServerApp`` (``fedhv.flower.server:app``): a run directory from SuperNodes.
+"""The server side of a Flower run: the federation each round runs over, and the ServerApp's progress.
 
-The app's run config (``[tool.flwr.app.config]`` of the generated app,
-:mod:`fedhv.flower.local`) names:
-
-- ``config``: path of a resolved fedhv configuration (``config.toml``), or
-  ``resume``: path of an unfinished run directory to continue;
-- ``out``: the run directory to create (empty = the default ``runs/...`` name);
-- ``stage-timeout``: seconds a stage waits for replies (0 = until every client answered);
-- ``node-wait``: seconds to wait for the SuperNodes to connect;
-- ``log``: a file that receives the app's log, and the error of a failed run.
-
-The run is :func:`fedhv.experiment.runner.run_experiment` (or ``resume_experiment``)
-with a :class:`~fedhv.flower.federation.FlowerFederation` per round instead of the
-simulator: the same run directory, checkpoints, evaluation (on the server's test set)
-and summary as ``fedhv run``. A failure raises, so Flower marks the run failed.
+The one ServerApp is :data:`fedhv.flower.app.server_app` (``fedhv.flower.server:app`` names it too,
+for apps generated before): ``flwr run`` of the App and ``fedhv flower local`` both run
+:func:`fedhv.experiment.runner.run_experiment` (or ``resume_experiment``) with the
+:class:`~fedhv.flower.federation.FlowerFederation` per round that :func:`federation_factory` makes,
+instead of the simulator: the same run directory, checkpoints, evaluation (on the server's test
+set) and summary as ``fedhv run``. A failure raises, so Flower marks the run failed.
 """
 
 from __future__ import annotations
@@ -21,24 +13,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 
-from fedhv import safe_io
-from fedhv.config import dumps, to_dict
 from fedhv.config.flower import refuse_on_flower
-from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
 from fedhv.experiment.checkpoint import config_digest
 from fedhv.experiment.loop import FederationFactory
 from fedhv.flower.federation import FlowerFederation, handshake
 from fedhv.sim.faults import FaultInjector
 
-app = ServerApp()
 log = logging.getLogger("fedhv")
 
 
@@ -111,34 +97,6 @@ def on_flower(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, engine="sequential")
 
 
-def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
-    """Run (or resume) one experiment over ``grid``; returns its summary."""
-    from fedhv.experiment.runner import RunHooks, resume_experiment, run_experiment
-
-    timeout = float(run_config.get("stage-timeout", 0)) or None
-    node_wait = float(run_config.get("node-wait", 120))
-    resume = str(run_config.get("resume", ""))
-    if resume:
-        from fedhv.experiment.code_check import check_resume_code
-        from fedhv.flower.runconf import read_run_config
-
-        accept = bool(run_config.get("accept-changed-code", False))
-        text = read_run_config(resume)  # a link or a FIFO is refused before anything is read
-        check_resume_code(Path(resume), text, accept)  # names the module; refuses changed code before importing it
-        cfg = config_from_toml_text(text)
-        factory = federation_factory(grid, cfg, text, timeout, node_wait)
-        hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)
-        return resume_experiment(resume, progress=False, federation_factory=factory, hooks=hooks,
-                                 accept_changed_code=accept)
-    cfg = on_flower(config_from_toml_text(safe_io.read_regular(str(run_config["config"]), safe_io.MiB * 16,
-                                                               follow=True).decode()))
-    text = dumps(to_dict(cfg))  # exactly what run_experiment writes to config.toml
-    factory = federation_factory(grid, cfg, text, timeout, node_wait)
-    out = str(run_config.get("out", "")) or None
-    hooks = RunHooks(on_round=round_line(cfg.rounds), progress=LogProgress)  # what fedhv flower local follows
-    return run_experiment(cfg, out, progress=False, federation_factory=factory, hooks=hooks)
-
-
 def fast_pulls(cap_s: float = 0.2) -> None:
     """Retry the pulls of reply objects after 0.02 s growing to ``cap_s`` (flwr 1.42: 1 s to 10 s).
 
@@ -153,35 +111,11 @@ def fast_pulls(cap_s: float = 0.2) -> None:
                                                    backoff_cap=cap_s)
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """ServerApp entry point. With ``log`` in the run config, the app's log (and the error of
-    a failed run, traceback included) also goes to that file: flwr 1.42 does not always
-    keep a ServerApp's output anywhere the operator can read it."""
-    logging.basicConfig(level=logging.INFO)
-    # httpx logs every request at INFO; flwr forwards each log line to the SuperLink with a
-    # request of its own (logged again), so its queue never empties and flwr-serverapp's exit
-    # waits out flush_logs' 3 s timeout after every run.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    run_config = dict(context.run_config)
-    path = str(run_config.get("log", ""))
-    handler = None
-    if path:
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
-    try:
-        from fedhv._malloc import tune_allocator
+def __getattr__(name: str) -> Any:
+    # ``fedhv.flower.server:app`` (apps generated before the two ServerApps became one) is the one
+    # ServerApp, fedhv.flower.app:server_app.
+    if name == "app":
+        import importlib
 
-        tune_allocator()  # this process is the run's (flwr-serverapp); as fedhv run does
-        fast_pulls()
-        summary = serve(grid, run_config)
-        log.info("fedhv run finished: mean_acc %s, %s s per round", summary.get("mean_acc"),
-                 summary.get("seconds_per_round"))
-    except BaseException as e:
-        log.exception("%s: %s", type(e).__name__, e)  # noqa: TRY401 - the one line an operator greps
-        raise
-    finally:
-        if handler is not None:
-            logging.getLogger().removeHandler(handler)
-            handler.close()
+        return importlib.import_module("fedhv.flower.app").server_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -73,6 +73,22 @@ def test_bad_app_options_are_one_line_naming_the_key() -> None:
         app_options({"seed": 1.5})
     with pytest.raises(FlowerSetupError, match=r"run config keys \['lr'\] are not fedhv app options"):
         app_options({"lr": 0.1})
+    # a resolved configuration (what fedhv flower local gives) replaces the keys that would change it
+    assert app_options({"config": "/x/config.toml", "log": "/x/log"}).config == "/x/config.toml"
+    with pytest.raises(FlowerSetupError, match=r"config = '/x/c.toml' is a whole configuration, and \['method'\]"):
+        app_options({"config": "/x/c.toml", "method": "uniform"})
+
+
+@needs_flwr
+def test_one_serverapp_serves_flwr_run_and_fedhv_flower_local() -> None:
+    """``fedhv flower local``'s generated app names the App's ServerApp; the old name is that object."""
+    import fedhv.flower.server
+    from fedhv.flower.app import server_app
+    from fedhv.flower.runconf import app_pyproject
+
+    assert fedhv.flower.server.app is server_app
+    components = tomllib.loads(app_pyproject({"config": "x.toml"}))["tool"]["flwr"]["app"]["components"]
+    assert components["serverapp"] == "fedhv.flower.app:server_app"
 
 
 def _ray_available() -> bool:

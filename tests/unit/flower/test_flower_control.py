@@ -30,7 +30,7 @@ def test_invalid_app_configuration_is_named_before_connecting(tmp_path: Path) ->
     from fedhv.flower.local import app_pyproject
     from fedhv.flower.procs import FlowerRunError, free_ports
 
-    text = app_pyproject({"config": "x.toml"}).replace('serverapp = "fedhv.flower.server:app"\n', "")
+    text = app_pyproject({"config": "x.toml"}).replace('serverapp = "fedhv.flower.app:server_app"\n', "")
     (tmp_path / "pyproject.toml").write_text(text)
     with pytest.raises(FlowerRunError, match=r"Invalid Flower App configuration in .*pyproject\.toml.*"
                        r"Property \"serverapp\" missing") as err:
