@@ -54,7 +54,7 @@ from fedhv.data.partition import dirichlet_partition
 from fedhv.devices import check_device, synchronize
 from fedhv.errors import FedHVError
 from fedhv.experiment.loop import RoundRecord, run_rounds
-from fedhv.experiment.methods import build_method
+from fedhv.experiment.method_setup import build_method
 from fedhv.experiment.setup import DTYPES, federated_data, make_engine, new_model, sample_clients
 from fedhv.metrics.evaluate import evaluate_tasks
 from fedhv.models import get_flat, set_flat

@@ -51,7 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedhv._malloc import tune_allocator
 from fedhv.config import load_config
-from fedhv.experiment.methods import build_method
+from fedhv.experiment.method_setup import build_method
 from fedhv.experiment.runner import eval_due
 from fedhv.experiment.setup import federated_data, make_engine, new_model, sample_clients
 from fedhv.metrics.evaluate import evaluate_tasks

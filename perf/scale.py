@@ -33,7 +33,7 @@ def child(n: int, per_round: list[int], methods: list[str], rounds: int) -> dict
     from fedhv._malloc import tune_allocator
     from fedhv.config import load_config
     from fedhv.experiment.loop import run_rounds
-    from fedhv.experiment.methods import build_method
+    from fedhv.experiment.method_setup import build_method
     from fedhv.experiment.setup import federated_data, make_engine, new_model
     from fedhv.models import get_flat
 

@@ -58,7 +58,7 @@ from fedhv.config.flower import QUANTIZATION_RANGE
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
 from fedhv.experiment.loop import run_rounds
-from fedhv.experiment.methods import build_method
+from fedhv.experiment.method_setup import build_method
 from fedhv.experiment.setup import federated_data, make_engine, new_model
 from fedhv.models import get_flat
 from fedhv.sim.engine import Engine

@@ -61,7 +61,7 @@ class Calibration(Protocol):
 
 
 class BuildContext(Protocol):
-    """What a run provides to :meth:`Method.build` (implemented by :mod:`fedhv.experiment.methods`)."""
+    """What a run provides to :meth:`Method.build` (implemented by :mod:`fedhv.experiment.method_setup`)."""
 
     @property
     def num_tasks(self) -> int:

@@ -5,8 +5,8 @@ data.
 """
 
 from fedhv.api.dataset import FederatedDataset
-from fedhv.api.methods import FSMGDA, FedCMOO, FedHV, Uniform
 from fedhv.api.simulate import History, calibrate, simulate
 from fedhv.api.tasks import Task
+from fedhv.methods import FSMGDA, FedCMOO, FedHV, Uniform
 
 __all__ = ["FSMGDA", "FedCMOO", "FedHV", "FederatedDataset", "History", "Task", "Uniform", "calibrate", "simulate"]

@@ -199,7 +199,7 @@ def _rounds_done(job: Job, finished: set[str]) -> int:
 
 
 def _run_calibration(job: CalibrationJob) -> str:
-    from fedhv.experiment.methods import resolve_reference
+    from fedhv.experiment.method_setup import resolve_reference
     from fedhv.experiment.problem import Problem
 
     cfg = load_config(job.source, job.overrides)

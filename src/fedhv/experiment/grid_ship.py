@@ -251,7 +251,7 @@ def _threads(cpus: float) -> None:
 def task_calibration(job: Any, cpus: float, driver: tuple[int, int | None] | None = None) -> dict[str, Any]:
     """A grid calibration as a Ray task: its result (the driver writes the file)."""
     from fedhv.config import load_config
-    from fedhv.experiment.methods import resolve_reference
+    from fedhv.experiment.method_setup import resolve_reference
     from fedhv.experiment.problem import Problem
 
     _threads(cpus)

@@ -17,7 +17,7 @@ from fedhv.data.federated import FederatedData
 from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.checkpoint import ResumeError
 from fedhv.experiment.loop import RoundRecord
-from fedhv.experiment.methods import MethodSetup
+from fedhv.experiment.method_setup import MethodSetup
 from fedhv.metrics import evaluate_record
 from fedhv.metrics.summary import SUMMARY_EVAL_KEYS, hv_reference, list_or_float
 from fedhv.models import MultiTaskModel, set_flat

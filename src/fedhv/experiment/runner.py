@@ -48,7 +48,7 @@ from fedhv.experiment.environment import (
     recorded_threads,
 )
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
-from fedhv.experiment.methods import MethodSetup, add_diagnostics_reference, build_method
+from fedhv.experiment.method_setup import MethodSetup, add_diagnostics_reference, build_method
 from fedhv.experiment.problem import Problem
 from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-exported
     evaluate,

@@ -110,7 +110,7 @@ def test_fedhv_round_uses_its_rho_clip() -> None:
 @pytest.mark.needs_data
 def test_configured_rho_clip_reaches_the_weight_map() -> None:
     """``fedhv.rho_clip`` from the configuration floors the slack of the built FedHV."""
-    from fedhv.experiment.methods import build_method
+    from fedhv.experiment.method_setup import build_method
 
     cfg = small_config('fedhv.reference="paper"', "fedhv.rho_clip=0.25", 'dtype="float64"')
     alg = build_method(cfg, small_data(cfg)).algorithm
@@ -155,7 +155,7 @@ def test_fsmgda_collinear_updates_take_the_reference_boundary_weights(scale0: fl
 @pytest.mark.needs_data
 def test_fsmgda_built_from_the_preset_uses_the_boundary_weights() -> None:
     """The configured FSMGDA (preset defaults, real LeNet layout) on collinear updates."""
-    from fedhv.experiment.methods import build_method
+    from fedhv.experiment.method_setup import build_method
 
     cfg = small_config('method="fsmgda"', 'dtype="float64"')
     alg = build_method(cfg, small_data(cfg)).algorithm

@@ -161,8 +161,8 @@ def test_pytorch_convention_losses_work_and_reduced_losses_are_refused() -> None
 
 
 def test_scale_free_slack_golden_values_and_calibrated_range() -> None:
-    from fedhv.api.methods import calibrated_range
     from fedhv.experiment.calibration import CalibrationResult
+    from fedhv.methods import calibrated_range
     from fedhv.weighting import hv_weights
 
     # s = (r - z) / d = [2 / 4, 1 / 1] = [0.5, 1] -> w = [2, 1] / 3; the paper's map: s = [2, 1] -> [1, 2] / 3
@@ -180,7 +180,7 @@ def test_scale_free_variant_changes_the_weights_and_the_default_does_not() -> No
     paper = _run(data, method=fedhv.FedHV(calibration_rounds=2), rounds=2)
     free = _run(data, method=fedhv.FedHV(calibration_rounds=2, slack_scale="calibrated-range"), rounds=2)
     assert paper.reference == free.reference
-    from fedhv.api.methods import calibrated_range
+    from fedhv.methods import calibrated_range
     from fedhv.weighting import hv_weights
 
     d = calibrated_range(free.calibration)
@@ -252,7 +252,7 @@ def _tokens() -> fedhv.FederatedDataset:
 
 def test_token_ids_and_module_dict_heads_split_by_task_name(caplog) -> None:
     from fedhv.api.simulate import _base_config, _benchmark, _train_keys
-    from fedhv.experiment.methods import RunContext
+    from fedhv.experiment.method_setup import RunContext
     from fedhv.experiment.problem import Problem
 
     data = _tokens()

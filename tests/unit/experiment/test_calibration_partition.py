@@ -3,7 +3,7 @@
 CIFAR10-MNIST calibrates on the alpha = 0.30 partition for both settings; CelebA5 takes
 the maximum over seeds 0, 42 and 2026 on the first-label alpha = 0.30 partition; the
 other presets calibrate on their own partition. The presets must say so, and
-:func:`fedhv.experiment.methods.resolve_reference` must actually build that partition:
+:func:`fedhv.experiment.method_setup.resolve_reference` must actually build that partition:
 the first report of every calibration seed equals an oracle computed on a partition
 built by hand with the expected alpha / strata (the seed's initial model on the sampled
 clients' whole local data), and that oracle differs on the run's own partition.
@@ -23,7 +23,7 @@ from celeba_fixture import make_celeba
 from fedhv.config import load_config
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
-from fedhv.experiment.methods import resolve_reference
+from fedhv.experiment.method_setup import resolve_reference
 from fedhv.experiment.setup import federated_data, new_model, sample_clients
 from fedhv.metrics.evaluate import per_sample_losses
 

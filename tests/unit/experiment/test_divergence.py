@@ -16,7 +16,7 @@ from fedhv.experiment import run_experiment
 from fedhv.experiment.calibration import CalibrationResult
 from fedhv.experiment.checkpoint import load_checkpoint
 from fedhv.experiment.divergence import DivergenceError
-from fedhv.experiment.methods import resolve_reference
+from fedhv.experiment.method_setup import resolve_reference
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
 from fedhv.results.rundir import read_jsonl

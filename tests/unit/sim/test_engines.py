@@ -145,7 +145,7 @@ def test_reports_are_losses_at_the_broadcast_model() -> None:
 @pytest.mark.parametrize("method", ["fsmgda", "fedcmoo", "uniform"])
 def test_methods_equal_across_engines(method: str) -> None:
     """Whole rounds of every method agree between the batched and the sequential engine."""
-    from fedhv.experiment.methods import build_method
+    from fedhv.experiment.method_setup import build_method
 
     thetas = {}
     for engine in ("sequential", "batched"):

@@ -33,7 +33,7 @@ import torch
 from fedhv.config import load_config
 from fedhv.errors import ConfigError
 from fedhv.experiment.loop import run_rounds
-from fedhv.experiment.methods import build_method
+from fedhv.experiment.method_setup import build_method
 from fedhv.experiment.runner import evaluate, run_experiment
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
