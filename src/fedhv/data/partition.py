@@ -77,7 +77,7 @@ def dirichlet_partition(
     # pools[k][heads[k]:] is stratum k's pool (a head offset instead of re-slicing the list on
     # every take); the top-up picks its entries by position in the concatenation of the pools
     # (strata in order) without building that list: O(K + picks) per client instead of O(n).
-    # The random draws and their order are exactly the reference's (tests/test_partition.py
+    # The random draws and their order are exactly the reference's (tests/unit/data/test_partition.py
     # checks the result against the list-building loop).
     pools: list[list[int]] = []
     heads: list[int] = []

@@ -120,7 +120,7 @@ class _StopRun(Exception):
     """An ``on_round`` hook asked to end the run after the round it saw."""
 
 
-#: Test-only hook (``tests/test_resume.py``): ``FEDHV_TEST_PAUSE_AFTER_ROUND=<n>`` makes a run
+#: Test-only hook (``tests/unit/experiment/test_resume.py``): ``FEDHV_TEST_PAUSE_AFTER_ROUND=<n>`` makes a run
 #: stop still after round ``n`` is fully recorded, so a test can SIGKILL it at a known point.
 PAUSE_ENV = "FEDHV_TEST_PAUSE_AFTER_ROUND"
 PAUSE_FILE = ".test-paused"

@@ -37,7 +37,7 @@ copies); the 4x4 stage runs in NCHW, where oneDNN's grouped 512-channel convolut
 32x32) took 21.6 s against 25.3 s all grouped ``channels_last`` and ~32 s with
 ``torch.func.vmap`` (loaded 2-core CPU).
 The result equals the per-copy ``forward`` up to float rounding of the reduction order
-(float64: ~1e-15; ``tests/test_resnet_batched.py``).
+(float64: ~1e-15; ``tests/unit/models/test_resnet_batched.py``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ the environment, and inside :func:`disabled`.
 
 **Numerics.** Same functions as the PyTorch path: forward values equal to round-off (in
 practice bit for bit on the machines measured), weight and bias gradients summed in another
-order (``tests/test_native.py`` compares both with the paper-order layer in float64). Sums
+order (``tests/unit/models/test_native.py`` compares both with the paper-order layer in float64). Sums
 over samples run in fixed blocks added in order, so results do not depend on the thread count.
 """
 
