@@ -15,6 +15,7 @@ from typing import Any
 
 import tomllib
 
+from fedhv import safe_io
 from fedhv.config import load_config
 from fedhv.config.flower import MAX_NODES, refuse_on_flower
 from fedhv.config.loader import _toml_value, apply_overrides, build_run_config, load_setting
@@ -188,11 +189,10 @@ def read_run_config(run_dir: str | Path, what: str = "--resume") -> str:
                              "follows links in a run directory: remove the link, or use a directory you made")
     if not stat.S_ISREG(mode):
         raise FlowerRunError(f"{what} {run_dir}: {path} is not a regular file; give the directory of a fedhv run")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # replaced between the check and the open
-            raise FlowerRunError(f"{what} {run_dir}: {path} is not a regular file")
-        data = fh.read(1 << 20)
+    try:  # the one safe reader: no link followed, a file replaced after the check refused, 16 MiB at most
+        data = safe_io.read_regular(path, safe_io.MiB * 16)
+    except (safe_io.UnsafeFileError, OSError) as exc:
+        raise FlowerRunError(f"{what} {run_dir}: {exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

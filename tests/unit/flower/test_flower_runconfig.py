@@ -184,3 +184,17 @@ def test_read_run_config_refuses_links_fifos_and_devices(tmp_path: Path) -> None
     (run / "config.toml").symlink_to("/dev/zero")
     with pytest.raises(FlowerRunError, match="is a symbolic link"):
         read_run_config(run)
+
+
+def test_a_run_config_over_a_mebibyte_is_read_whole(tmp_path: Path) -> None:
+    """``read_run_config`` reads through ``safe_io.read_regular``: a 2 MiB ``config.toml`` (a long comment)
+    comes back whole (it was cut at 1 MiB, so the tail of a large file was silently lost); 16 MiB is the bound."""
+    from fedhv.flower.procs import FlowerRunError
+    from fedhv.flower.runconf import read_run_config
+
+    text = "# " + "x" * (2 << 20) + '\nsetting = "big"\n'
+    (tmp_path / "config.toml").write_text(text)
+    assert read_run_config(tmp_path) == text
+    (tmp_path / "config.toml").write_text("#" * (17 << 20))
+    with pytest.raises(FlowerRunError, match="larger than"):
+        read_run_config(tmp_path)
