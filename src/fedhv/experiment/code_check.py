@@ -61,6 +61,10 @@ def _recorded_digest(env: dict[str, Any] | None, now: dict[str, Any]) -> str | N
     return None
 
 
+#: ``(run directory, data.benchmark, the module's digest, accept_changed)`` already checked in this process.
+_CHECKED: set[tuple[str, str, str | None, bool]] = set()
+
+
 def check_resume_code(path: Path, config_text: str, accept_changed: bool = False) -> dict[str, Any] | None:
     """Name the module the run at ``path`` will import and refuse it when its source changed.
 
@@ -87,11 +91,15 @@ def check_resume_code(path: Path, config_text: str, accept_changed: bool = False
         return None  # a malformed reference: the configuration's own check reports it
     if now is None:
         return None
+    key = (str(Path(path).resolve()), benchmark, now["sha256"], accept_changed)
+    if key in _CHECKED:  # the same run, module and source already checked in this process (an entry point
+        return now       # checks before its handshake, the runner again): said and decided once
     where = now["file"] or "a file not found without importing it"
     log.warning("resume: data.benchmark = %r: importing module %r from %s (sha256 %s)", benchmark, now["module"],
                 where, (now["sha256"] or "unknown")[:16])
     recorded = _recorded_digest(_recorded(path), now)
     if recorded is not None and recorded == now["sha256"]:
+        _CHECKED.add(key)
         return now
     why = ("its source changed since the run began (sha256 "
            f"{recorded[:16]} then, {(now['sha256'] or 'unknown')[:16]} now)") if recorded else (
@@ -99,6 +107,7 @@ def check_resume_code(path: Path, config_text: str, accept_changed: bool = False
     if accept_changed:
         log.warning("resume: module %r (%s): %s; resuming anyway (%s): the run mixes two versions of the code",
                     now["module"], where, why, OVERRIDE)
+        _CHECKED.add(key)
         return now
     raise ResumeError(f"resume {path}: data.benchmark = {benchmark!r}: module {now['module']!r} ({where}): {why}; "
                       "resuming would mix two versions of the code in one run (other data or model): restore "

@@ -224,6 +224,26 @@ def test_resume_names_the_module_and_file_it_imports(user_run: tuple[Path, Path,
     assert (out / "summary.json").is_file()
 
 
+def test_the_code_check_is_made_once_per_run_and_process(user_run: tuple[Path, Path, str],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """An entry point checks before it starts its back-end (the Flower ServerApp, before its handshake)
+    and the runner again: the same run, module and source are checked and named once per process; a
+    changed source is checked (and refused) again."""
+    from fedhv.experiment.checkpoint import ResumeError
+    from fedhv.experiment.code_check import check_resume_code
+
+    out, module, name = user_run
+    text = (out / "config.toml").read_text()
+    with caplog.at_level("WARNING", logger="fedhv"):
+        first = check_resume_code(out, text)
+        again = check_resume_code(out, text)
+    assert first == again and first is not None
+    assert len([r for r in caplog.records if "importing module" in r.getMessage()]) == 1
+    module.write_text(module.read_text() + "\n# changed\n")
+    with pytest.raises(ResumeError, match="changed since the run began"):
+        check_resume_code(out, text)
+
+
 def test_resume_refuses_a_module_that_changed_since_the_run_began(user_run: tuple[Path, Path, str]) -> None:
     """The module's file changed after the run began: ``fedhv run --resume`` (a real process) stops
     with one line naming the module, its file and the override, before importing it; with
