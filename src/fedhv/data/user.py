@@ -141,8 +141,10 @@ def provenance(name: str, ub: UserBenchmark) -> dict[str, Any]:
 
 def user_federated_data(name: str, partition: PartitionConfig, dtype: torch.dtype, device: str,
                         max_test_samples: int = 0, ub: UserBenchmark | None = None) -> FederatedData:
-    """The user benchmark's tensors on ``device``, partitioned by ``partition`` (``ub``: the
-    benchmark itself, else the one ``name`` names)."""
+    """The user benchmark's tensors on ``device``, partitioned by ``partition``.
+
+    ``ub``: the benchmark itself; else the one ``name`` names.
+    """
     ub = ub if ub is not None else user_benchmark(name)
     if ub is None:
         raise ConfigError(f"data.benchmark = {name!r} is a built-in benchmark; load it with load_benchmark")

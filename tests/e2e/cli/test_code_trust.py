@@ -232,7 +232,7 @@ def test_the_code_check_is_made_once_per_run_and_process(user_run: tuple[Path, P
     from fedhv.experiment.checkpoint import ResumeError
     from fedhv.experiment.code_check import check_resume_code
 
-    out, module, name = user_run
+    out, module, _ = user_run
     text = (out / "config.toml").read_text()
     with caplog.at_level("WARNING", logger="fedhv"):
         first = check_resume_code(out, text)
