@@ -186,7 +186,8 @@ def saved_activation_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], 
     process for each model structure, input shape, dtype and device, and with and without
     the compiled kernels of :mod:`fedhv.models.native`.)
     """
-    key = (type(model).__qualname__, tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+    key = (type(model).__qualname__,  # frozen parameters save no gradient inputs: their flag is part of the shape
+           tuple((n, tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()),
            tuple(sorted(model.dropout_sites().items())), tuple(input_shape), dtype, str(next(model.parameters()).device),
            native.enabled(), input_dtype)  # the compiled kernels save less than PyTorch's layers
     if key not in _SAVED:
@@ -204,7 +205,7 @@ def copy_step_bytes(model: MultiTaskModel, input_shape: tuple[int, ...], batch_s
                     dtype: torch.dtype, precision: str = "fp32", input_dtype: torch.dtype | None = None) -> int:
     """Estimated bytes of one model copy's local step (module docstring: ``b``)."""
     size = torch.empty((), dtype=dtype).element_size()
-    d = sum(p.numel() for p in model.parameters())
+    d = sum(p.numel() for p in model.parameters() if p.requires_grad)  # frozen ones are shared, never copied
     sample = 1
     for n in input_shape:
         sample *= n

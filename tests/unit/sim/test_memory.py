@@ -55,6 +55,24 @@ def test_available_memory_sources(tmp_path: Path) -> None:
     assert 0 < available_bytes("cpu") <= total
 
 
+def test_frozen_parameters_are_not_counted_as_copied() -> None:
+    """The batched engine copies the trainable parameters only (frozen ones are one shared view), and
+    the saved activations of a model with a frozen layer are measured for that model, not taken from
+    the cache of the same structure unfrozen: ``d`` in ``b`` is the trainable count."""
+    full = LeNetMTL()
+    frozen = LeNetMTL()
+    for p in list(frozen.parameters())[:2]:  # the first convolution, weight and bias
+        p.requires_grad_(False)
+    n_frozen = sum(p.numel() for p in frozen.parameters() if not p.requires_grad)
+    d = sum(p.numel() for p in frozen.parameters() if p.requires_grad)
+    assert 0 < n_frozen and d > 0
+    b_full = copy_step_bytes(full, (1, 28, 28), 32, torch.float32)  # measured first: the cache holds it
+    b_frozen = copy_step_bytes(frozen, (1, 28, 28), 32, torch.float32)
+    a_frozen = saved_activation_bytes(frozen, (1, 28, 28), 32, torch.float32)
+    assert b_frozen == 4 * (4 * d + 2 * 32 * 784) + 2 * a_frozen
+    assert b_full - b_frozen >= 4 * 4 * n_frozen
+
+
 def test_copy_step_bytes_by_hand_for_lenet() -> None:
     """b = s (4 d + 2 B x) + 2 a_B; a_B affine in B (measured at B = 2, 3)."""
     model = LeNetMTL()
