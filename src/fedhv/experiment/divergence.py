@@ -38,7 +38,6 @@ reference every later round is measured against and runs without simulated fault
 
 from __future__ import annotations
 
-import ast
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -69,12 +68,9 @@ def cause_hint(reason: str, hint: str) -> str:
     """
     if not reason.startswith("report has non-finite values"):
         return hint
-    values = reason[len("report has non-finite values"):].strip()
-    try:
-        bad = [i for i, v in enumerate(ast.literal_eval(values.replace("nan", "None").replace("inf", "None")))
-               if v is None]
-    except (ValueError, SyntaxError):
-        bad = []
+    values = reason[len("report has non-finite values"):].strip().strip("[]")
+    tokens = [t.strip().lower().lstrip("+-") for t in values.split(",")] if values.strip() else []
+    bad = [i for i, t in enumerate(tokens) if t in ("nan", "inf", "infinity")]
     tasks = f"task(s) {bad}" if bad else "a task"
     return (f"reports are the task losses at the received global model, which was finite, so the loss of {tasks} "
             "(0-based, in task order) is NaN or infinite on this client's data: check that loss function and its "

@@ -175,3 +175,17 @@ def test_a_valid_corrupted_reply_is_aggregated_whether_or_not_another_client_is_
 def test_bad_validation_settings_are_refused(override: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
         small_config(override)
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ("[1.0, nan]", "task(s) [1]"),
+    ("[-inf, 2.0, inf]", "task(s) [0, 2]"),  # a negative infinity too (it was read as no task at all)
+    ("[nan]", "task(s) [0]"),
+    ("", "a task"),
+])
+def test_a_non_finite_report_names_its_tasks_not_the_learning_rates(values: str, named: str) -> None:
+    from fedhv.experiment.divergence import cause_hint
+
+    hint = cause_hint(f"report has non-finite values {values}".strip(), "lower train.lr_local=0.1")
+    assert f"the loss of {named} (0-based" in hint and "lr_local" not in hint
+    assert cause_hint("update has non-finite values", "lower train.lr_local=0.1") == "lower train.lr_local=0.1"
