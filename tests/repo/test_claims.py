@@ -169,7 +169,7 @@ def test_disabled_checkpoints_and_resume_before_the_first_checkpoint(
     calibration = (part / "calibration.json").read_bytes()
     monkeypatch.undo()
 
-    from fedhv.experiment import methods
+    from fedhv.experiment import method_setup as methods
 
     calibrations: list[Any] = []
 
