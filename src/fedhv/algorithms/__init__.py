@@ -6,15 +6,54 @@ registers the built-in methods.
 """
 
 from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult, fedavg_step, mean_update
+from fedhv.algorithms.dwa import DWA, DWAConfig
 from fedhv.algorithms.fedcmoo import FedCMOO, FedCMOOAlgorithm, FedCMOOConfig, FedCMOOState
 from fedhv.algorithms.fedhv import FedHV, FedHVAlgorithm, FedHVConfig, FedHVState
 from fedhv.algorithms.fsmgda import FSMGDA, FSMGDAAlgorithm, FSMGDAConfig, FSMGDAState
+from fedhv.algorithms.inverse_loss import InverseLoss, InverseLossConfig
+from fedhv.algorithms.linear import Linear, LinearConfig
+from fedhv.algorithms.loss_only import LossOnlyAlgorithm, LossOnlyMethod, LossOnlyState
 from fedhv.algorithms.method import BuildContext, Built, Method, register
+from fedhv.algorithms.rlw import RLW, RLWConfig
 from fedhv.algorithms.uniform import Uniform, UniformAlgorithm, UniformConfig, UniformState
 
 __all__ = [
-    "FSMGDA", "Algorithm", "BuildContext", "Built", "FSMGDAAlgorithm", "FSMGDAConfig", "FSMGDAState", "FedCMOO",
-    "FedCMOOAlgorithm", "FedCMOOConfig", "FedCMOOState", "FedHV", "FedHVAlgorithm", "FedHVConfig", "FedHVState",
-    "Federation", "Method", "Replies", "Request", "StepResult", "Uniform", "UniformAlgorithm", "UniformConfig",
-    "UniformState", "fedavg_step", "mean_update", "register",
+    "DWA",
+    "FSMGDA",
+    "RLW",
+    "Algorithm",
+    "BuildContext",
+    "Built",
+    "DWAConfig",
+    "FSMGDAAlgorithm",
+    "FSMGDAConfig",
+    "FSMGDAState",
+    "FedCMOO",
+    "FedCMOOAlgorithm",
+    "FedCMOOConfig",
+    "FedCMOOState",
+    "FedHV",
+    "FedHVAlgorithm",
+    "FedHVConfig",
+    "FedHVState",
+    "Federation",
+    "InverseLoss",
+    "InverseLossConfig",
+    "Linear",
+    "LinearConfig",
+    "LossOnlyAlgorithm",
+    "LossOnlyMethod",
+    "LossOnlyState",
+    "Method",
+    "RLWConfig",
+    "Replies",
+    "Request",
+    "StepResult",
+    "Uniform",
+    "UniformAlgorithm",
+    "UniformConfig",
+    "UniformState",
+    "fedavg_step",
+    "mean_update",
+    "register",
 ]

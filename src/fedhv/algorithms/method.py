@@ -141,6 +141,9 @@ class Method:
     secure_aggregation: ClassVar[bool] = True
     #: Why SecAgg+ cannot carry the method (shown when ``secure_aggregation`` is false).
     secure_refusal: ClassVar[str] = ""
+    #: Whose ``[lr.<name>]`` rates the method takes when the configuration has none of its own (issue 40:
+    #: the single-trajectory methods take FedHV's preset rates); ``None``: its own only.
+    rates_from: ClassVar[str | None] = None
     #: Table 12's description: (client-side procedure, per-client communication, extra server work),
     #: recorded in ``summary.json`` (the paper's four methods take the paper's entries instead).
     complexity: ClassVar[tuple[str, str, str] | None] = None

@@ -336,6 +336,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
     """Fill method-dependent values: learning rates from ``[lr.<method>]``, and the method's own
     section (its defaults when the configuration gives none), so ``config.toml`` records it."""
     rates = cfg.lr.get(cfg.method)
+    borrowed = getattr(METHODS.get(cfg.method), "rates_from", None)  # e.g. a loss-only method: FedHV's rates
+    if rates is None and borrowed is not None:
+        rates = cfg.lr.get(borrowed)
     lr_g = cfg.train.lr_global if cfg.train.lr_global is not None else (rates.global_ if rates else None)
     lr_l = cfg.train.lr_local if cfg.train.lr_local is not None else (rates.local if rates else None)
     if lr_g is None or lr_l is None:

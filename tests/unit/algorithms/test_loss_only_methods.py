@@ -1,0 +1,201 @@
+"""The loss-only methods (issue 40, part 1): linear scalarisation, inverse loss, RLW, DWA.
+
+Each weight rule against its formula written out here in numpy; the shared one-stage round; the state
+through the checkpoint's plain form; both engines in float64; an interrupted run resumed equals the
+uninterrupted one bit for bit; configuration keys validated before round 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedhv.algorithms import DWA, RLW, InverseLoss, Linear, LossOnlyState, Replies
+from fedhv.algorithms.dwa import DynamicWeightAverage
+from fedhv.algorithms.inverse_loss import InverseLossRule
+from fedhv.algorithms.linear import FixedWeights
+from fedhv.algorithms.loss_only import LossOnlyAlgorithm
+from fedhv.algorithms.plain import StateError
+from fedhv.algorithms.rlw import RandomWeights
+from fedhv.config import load_config
+from fedhv.errors import ConfigError
+from fedhv.rng import derive_seed
+
+from helpers import ScriptedFederation, small_config
+
+REPORTS = np.array([[2.3, 0.7, 1.1], [2.0, 0.72, 0.9], [1.5, 0.74, 0.95], [1.2, 0.5, 1.0], [1.1, 0.45, 0.4]])
+
+
+def _run_rule(rule: Any, reports: np.ndarray = REPORTS) -> list[np.ndarray]:
+    """``w^1 .. w^T`` the rule gives after each report (``w^0`` from ``first``)."""
+    w, memory = rule.first(reports.shape[1])
+    out = [w]
+    for t, report in enumerate(reports):
+        w, memory = rule.next(report, memory, t)
+        out.append(w)
+    return out
+
+
+def test_linear_scalarisation_keeps_the_normalised_preference() -> None:
+    for w in _run_rule(FixedWeights(np.array([2.0, 1.0, 1.0]) / 4.0)):
+        np.testing.assert_array_equal(w, [0.5, 0.25, 0.25])
+
+
+def test_inverse_loss_golden_values() -> None:
+    got = _run_rule(InverseLossRule(0.5))
+    np.testing.assert_array_equal(got[0], [1 / 3] * 3)
+    for t, report in enumerate(REPORTS):
+        inv = [1.0 / max(v, 0.5) for v in report]  # the floor acts on the last report's 0.4 and 0.45
+        np.testing.assert_allclose(got[t + 1], [v / sum(inv) for v in inv], rtol=1e-15)
+    assert got[-1][1] == got[-1][2]  # both floored
+
+
+def test_rlw_draws_softmax_of_standard_normal_logits_per_round() -> None:
+    got = _run_rule(RandomWeights(seed=7))
+    for t, w in enumerate(got):
+        eps = np.random.Generator(np.random.PCG64(derive_seed(7, "rlw", t))).standard_normal(3)
+        e = np.exp(eps)
+        np.testing.assert_allclose(w, e / e.sum(), rtol=1e-14)
+    assert len({tuple(w) for w in got}) == len(got)  # a new draw every round
+    again = _run_rule(RandomWeights(seed=7), REPORTS * 10)  # the reports are not read
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))
+    assert not np.array_equal(_run_rule(RandomWeights(seed=8))[0], got[0])
+    # the logits' law: over many rounds log(w_i / w_j) = eps_i - eps_j has mean 0 and variance 2
+    diffs = np.array([np.log(w[0] / w[1]) for w in (RandomWeights(3).draw(2, t) for t in range(4000))])
+    assert abs(diffs.mean()) < 0.1 and abs(diffs.var() - 2.0) < 0.2
+
+
+@pytest.mark.parametrize(("temperature", "window"), [(2.0, 1), (0.5, 2)])
+def test_dwa_golden_values(temperature: float, window: int) -> None:
+    got = _run_rule(DynamicWeightAverage(temperature, window))
+    for t in range(len(REPORTS)):
+        if t + 1 < 2 * window:  # fewer than two windows of reports: uniform
+            np.testing.assert_array_equal(got[t + 1], [1 / 3] * 3)
+            continue
+        recent = REPORTS[t + 1 - window: t + 1].mean(0)
+        older = REPORTS[t + 1 - 2 * window: t + 1 - window].mean(0)
+        e = np.exp((recent / older) / temperature)
+        np.testing.assert_allclose(got[t + 1], e / e.sum(), rtol=1e-14)
+    if window == 1:  # the last round: task 2's loss fell to 40 %, the others' to ~90 %: it gets the least weight
+        assert got[-1][2] < min(got[-1][0], got[-1][1])
+
+
+def test_the_shared_round_sends_w_takes_the_report_and_logs_the_next_weights() -> None:
+    alg = LossOnlyAlgorithm(DynamicWeightAverage(), lr_global=2.0, name="dwa", report_batches=3)
+    state = alg.init_state(2)
+    theta = torch.zeros(3, dtype=torch.float64)
+    replies = [Replies(np.array([0, 1]), reports=torch.tensor([[1.0, 2.0], [3.0, 2.0]], dtype=torch.float64),
+                       deltas=torch.tensor([[[1.0, 0.0, 2.0]], [[3.0, 0.0, 0.0]]], dtype=torch.float64))
+               for _ in range(2)]
+    fed = ScriptedFederation(np.array([0, 1]), replies)
+    res = alg.round(state, theta, fed)
+    (req,) = fed.requests
+    assert req.report == 3 and req.train.tolist() == [[0.5, 0.5]] and req.payload["weights"].dtype == np.float32
+    np.testing.assert_array_equal(res.theta.numpy(), [4.0, 0.0, 2.0])  # eta_g mean_k Delta_k
+    assert res.log["report"] == [2.0, 2.0] and res.state.rounds == 1 and len(res.state.memory) == 1
+
+
+def test_state_through_the_plain_form() -> None:
+    state = LossOnlyState(np.array([0.25, 0.75]), 4, (np.array([1.0, 2.0]), np.array([0.5, 0.25])))
+    back = LossOnlyState.from_plain(state.to_plain())
+    assert back.rounds == 4 and np.array_equal(back.weights, state.weights)
+    assert all(np.array_equal(a, b) for a, b in zip(back.memory, state.memory, strict=True))
+    bad = state.to_plain()
+    bad["weights"] = torch.tensor([0.5, 0.75], dtype=torch.float64)
+    with pytest.raises(StateError, match="not on the simplex"):
+        LossOnlyState.from_plain(bad)
+
+
+def test_the_methods_take_fedhvs_rates_and_refuse_bad_values_naming_the_key() -> None:
+    fedhv_rates = load_config("multimnist")  # [lr.fedhv] 1.2 / 0.3 (paper Table 5)
+    for name in ("dwa", "rlw", "linear", "inverse-loss"):
+        cfg = load_config("multimnist", [f"method='{name}'"])
+        assert (cfg.lr_global, cfg.lr_local) == (fedhv_rates.lr_global, fedhv_rates.lr_local)
+    assert load_config("multimnist", ["method='dwa'", "lr.dwa={global=2.0, local=0.1}"]).lr_global == 2.0
+    cases = [("dwa.temperature=0", "dwa.temperature = 0.0 must be > 0"), ("dwa.window=0", "dwa.window = 0 must be >= 1"),
+             ("rlw.std=-1", "rlw.std = -1.0 must be > 0"), ("inverse-loss.rho=0", "inverse-loss.rho = 0.0 must be > 0"),
+             ("linear.weights=[1, -1]", "linear.weights = [1.0, -1.0] must be positive"),
+             ("dwa.report_batches=0", "dwa.report_batches = 0 must be >= 1"),
+             ("dwa.temprature=1", "unknown config key 'dwa.temprature'; did you mean 'dwa.temperature'?")]
+    for override, message in cases:
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("?", r"\?")):
+            load_config("multimnist", [f"method='{override.split('.')[0]}'", override])
+
+
+@pytest.mark.needs_data
+def test_linear_weights_must_match_the_task_count(tmp_path: Path) -> None:
+    from fedhv.experiment import run_experiment
+
+    cfg = small_config("method='linear'", "linear.weights=[1.0, 2.0, 3.0]")
+    with pytest.raises(ConfigError, match="linear.weights has 3 values but multimnist has 2 tasks"):
+        run_experiment(cfg, tmp_path / "r", progress=False)
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("method", ["dwa", "rlw", "inverse-loss", "linear"])
+def test_both_engines_agree_in_float64(method: str, tmp_path: Path) -> None:
+    from fedhv.experiment import run_experiment
+    from fedhv.results.rundir import read_jsonl
+
+    runs = {}
+    for engine in ("sequential", "batched"):
+        cfg = small_config(f"method='{method}'", "dtype='float64'", f"engine='{engine}'", "rounds=3",
+                           "linear.weights=[2.0, 1.0]" if method == "linear" else "dwa.window=1")
+        run_experiment(cfg, tmp_path / engine, progress=False)
+        runs[engine] = read_jsonl(tmp_path / engine / "rounds.jsonl")
+    for a, b in zip(runs["sequential"], runs["batched"], strict=True):
+        np.testing.assert_allclose(a["report"], b["report"], rtol=1e-12)
+        np.testing.assert_allclose(a["next_weights"], b["next_weights"], rtol=1e-12)
+    run_experiment(small_config("method='fedhv'", "dtype='float64'", "rounds=1"), tmp_path / "fedhv", progress=False)
+    fedhv_round = read_jsonl(tmp_path / "fedhv" / "rounds.jsonl")[0]
+    for key in ("bytes_down_per_client", "bytes_up_per_client", "sync_stages"):  # FedHV's protocol, FedHV's cost
+        assert runs["batched"][0][key] == fedhv_round[key], key
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.needs_data
+@pytest.mark.parametrize("method", ["dwa", "rlw"])
+def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DWA's memory (two reports) and RLW's round counter go through the checkpoint."""
+    from fedhv.experiment import resume_experiment, run_experiment
+    from fedhv.experiment import runner as runner_module
+    from unit.experiment.test_resume import _assert_same_run
+
+    cfg = small_config(f"method='{method}'", "rounds=4", "checkpoint.period=1", "dtype='float64'", "dwa.window=1")
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_experiment(cfg, full, progress=False)
+    real = runner_module.save_checkpoint
+    saved: list[int] = []
+
+    def stop_after_two(run_dir: Path, ckpt: Any) -> None:
+        real(run_dir, ckpt)
+        saved.append(ckpt.round)
+        if ckpt.round == 2:
+            raise _Stop
+
+    monkeypatch.setattr(runner_module, "save_checkpoint", stop_after_two)
+    with pytest.raises(_Stop):
+        run_experiment(cfg, part, progress=False)
+    monkeypatch.undo()
+    resume_experiment(part, progress=False)
+    _assert_same_run(full, part)
+    assert dataclasses.asdict(cfg.section(method)) == dataclasses.asdict(load_config("multimnist", [
+        f"method='{method}'", "dwa.window=1"]).section(method))
+
+
+def test_the_method_objects_configure_their_sections() -> None:
+    cfg = load_config("multimnist")
+    for method in (DWA(lr_global=0.5), RLW(), InverseLoss(), Linear()):
+        configured = method.configure(cfg)
+        assert configured.method == method.name and configured.train.lr_global == method.lr_global
+        assert configured.section(method.name) == method.config
+        assert type(method).from_config(dataclasses.replace(
+            configured, train=dataclasses.replace(configured.train, lr_local=0.1))) == method
