@@ -7,6 +7,7 @@ registers the built-in methods.
 
 from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult, fedavg_step, mean_update
 from fedhv.algorithms.dwa import DWA, DWAConfig
+from fedhv.algorithms.famo import FAMO, FAMOConfig
 from fedhv.algorithms.fedcmoo import FedCMOO, FedCMOOAlgorithm, FedCMOOConfig, FedCMOOState
 from fedhv.algorithms.fedhv import FedHV, FedHVAlgorithm, FedHVConfig, FedHVState
 from fedhv.algorithms.fsmgda import FSMGDA, FSMGDAAlgorithm, FSMGDAConfig, FSMGDAState
@@ -19,12 +20,14 @@ from fedhv.algorithms.uniform import Uniform, UniformAlgorithm, UniformConfig, U
 
 __all__ = [
     "DWA",
+    "FAMO",
     "FSMGDA",
     "RLW",
     "Algorithm",
     "BuildContext",
     "Built",
     "DWAConfig",
+    "FAMOConfig",
     "FSMGDAAlgorithm",
     "FSMGDAConfig",
     "FSMGDAState",

@@ -1,4 +1,4 @@
-"""The loss-only methods (issue 40, part 1): linear scalarisation, inverse loss, RLW, DWA.
+"""The loss-only methods (issue 40, part 1): linear scalarisation, inverse loss, RLW, DWA, FAMO.
 
 Each weight rule against its formula written out here in numpy; the shared one-stage round; the state
 through the checkpoint's plain form; both engines in float64; an interrupted run resumed equals the
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms import DWA, RLW, InverseLoss, Linear, LossOnlyState, Replies
+from fedhv.algorithms import DWA, FAMO, RLW, InverseLoss, Linear, LossOnlyState, Replies
 from fedhv.algorithms.dwa import DynamicWeightAverage
 from fedhv.algorithms.inverse_loss import InverseLossRule
 from fedhv.algorithms.linear import FixedWeights
@@ -85,6 +85,43 @@ def test_dwa_golden_values(temperature: float, window: int) -> None:
         assert got[-1][2] < min(got[-1][0], got[-1][1])
 
 
+@pytest.mark.parametrize("weight_decay", [1e-3, 0.0])
+def test_famo_golden_values_against_torch_adam(weight_decay: float) -> None:
+    """The oracle: FAMO's logits as a torch parameter under ``torch.optim.Adam`` with the gradient
+    ``autograd.grad(softmax(xi), xi, grad_outputs=delta)`` (as the authors' update), the weights from
+    ``softmax(xi)`` and ``D`` as written in the paper."""
+    from fedhv.algorithms.famo import FAMORule
+
+    got = _run_rule(FAMORule(lr=0.025, weight_decay=weight_decay))
+    xi = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([xi], lr=0.025, weight_decay=weight_decay)
+    np.testing.assert_array_equal(got[0], [1 / 3] * 3)
+    for t, report in enumerate(REPORTS):
+        d = torch.as_tensor(report, dtype=torch.float64) + 1e-8
+        if t > 0:
+            delta = (torch.as_tensor(REPORTS[t - 1], dtype=torch.float64) + 1e-8).log() - d.log()
+            (grad,) = torch.autograd.grad(torch.softmax(xi, -1), xi, grad_outputs=delta)
+            opt.zero_grad()
+            xi.grad = grad
+            opt.step()
+        z = torch.softmax(xi.detach(), -1)
+        want = (z / d) / (z / d).sum()  # z_i / (c D_i), c = sum_j z_j / D_j
+        np.testing.assert_allclose(got[t + 1], want.numpy(), rtol=1e-12)
+        assert abs(got[t + 1].sum() - 1.0) < 1e-15
+    # the task whose loss fell least gets more weight than under 1 / D alone (FAMO's balancing)
+    inv = 1.0 / (REPORTS[-1] + 1e-8)
+    assert got[-1][1] / got[-1][0] > inv[1] / inv[0]
+
+
+def test_famo_refuses_a_report_below_its_bound() -> None:
+    from fedhv.algorithms.famo import FAMOError, FAMORule
+
+    rule = FAMORule(min_loss=1.0)
+    _, memory = rule.first(2)
+    with pytest.raises(FAMOError, match=r"task\(s\) \[1\] report \[0.5\]; lower famo.min_loss"):
+        rule.next(np.array([2.0, 0.5]), memory, 0)
+
+
 def test_the_shared_round_sends_w_takes_the_report_and_logs_the_next_weights() -> None:
     alg = LossOnlyAlgorithm(DynamicWeightAverage(), lr_global=2.0, name="dwa", report_batches=3)
     state = alg.init_state(2)
@@ -113,7 +150,7 @@ def test_state_through_the_plain_form() -> None:
 
 def test_the_methods_take_fedhvs_rates_and_refuse_bad_values_naming_the_key() -> None:
     fedhv_rates = load_config("multimnist")  # [lr.fedhv] 1.2 / 0.3 (paper Table 5)
-    for name in ("dwa", "rlw", "linear", "inverse-loss"):
+    for name in ("dwa", "rlw", "linear", "inverse-loss", "famo"):
         cfg = load_config("multimnist", [f"method='{name}'"])
         assert (cfg.lr_global, cfg.lr_local) == (fedhv_rates.lr_global, fedhv_rates.lr_local)
     assert load_config("multimnist", ["method='dwa'", "lr.dwa={global=2.0, local=0.1}"]).lr_global == 2.0
@@ -121,6 +158,7 @@ def test_the_methods_take_fedhvs_rates_and_refuse_bad_values_naming_the_key() ->
              ("rlw.std=-1", "rlw.std = -1.0 must be > 0"), ("inverse-loss.rho=0", "inverse-loss.rho = 0.0 must be > 0"),
              ("linear.weights=[1, -1]", "linear.weights = [1.0, -1.0] must be positive"),
              ("dwa.report_batches=0", "dwa.report_batches = 0 must be >= 1"),
+             ("famo.lr=0", "famo.lr = 0.0 must be > 0"), ("famo.weight_decay=-1", "famo.weight_decay = -1.0 must be >= 0"),
              ("dwa.temprature=1", "unknown config key 'dwa.temprature'; did you mean 'dwa.temperature'?")]
     for override, message in cases:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("?", r"\?")):
@@ -137,7 +175,7 @@ def test_linear_weights_must_match_the_task_count(tmp_path: Path) -> None:
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("method", ["dwa", "rlw", "inverse-loss", "linear"])
+@pytest.mark.parametrize("method", ["dwa", "rlw", "inverse-loss", "linear", "famo"])
 def test_both_engines_agree_in_float64(method: str, tmp_path: Path) -> None:
     from fedhv.experiment import run_experiment
     from fedhv.results.rundir import read_jsonl
@@ -162,9 +200,10 @@ class _Stop(Exception):
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("method", ["dwa", "rlw"])
+@pytest.mark.parametrize("method", ["dwa", "rlw", "famo"])
 def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DWA's memory (two reports) and RLW's round counter go through the checkpoint."""
+    """DWA's memory (two reports), RLW's round counter and FAMO's logits and Adam moments go through the
+    checkpoint."""
     from fedhv.experiment import resume_experiment, run_experiment
     from fedhv.experiment import runner as runner_module
     from unit.experiment.test_resume import _assert_same_run
@@ -193,7 +232,7 @@ def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkey
 
 def test_the_method_objects_configure_their_sections() -> None:
     cfg = load_config("multimnist")
-    for method in (DWA(lr_global=0.5), RLW(), InverseLoss(), Linear()):
+    for method in (DWA(lr_global=0.5), RLW(), InverseLoss(), Linear(), FAMO()):
         configured = method.configure(cfg)
         assert configured.method == method.name and configured.train.lr_global == method.lr_global
         assert configured.section(method.name) == method.config
