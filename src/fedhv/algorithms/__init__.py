@@ -16,6 +16,7 @@ from fedhv.algorithms.linear import Linear, LinearConfig
 from fedhv.algorithms.loss_only import LossOnlyAlgorithm, LossOnlyMethod, LossOnlyState
 from fedhv.algorithms.method import BuildContext, Built, Method, register
 from fedhv.algorithms.rlw import RLW, RLWConfig
+from fedhv.algorithms.stch import STCH, STCHConfig
 from fedhv.algorithms.uniform import Uniform, UniformAlgorithm, UniformConfig, UniformState
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "FAMO",
     "FSMGDA",
     "RLW",
+    "STCH",
     "Algorithm",
     "BuildContext",
     "Built",
@@ -51,6 +53,7 @@ __all__ = [
     "RLWConfig",
     "Replies",
     "Request",
+    "STCHConfig",
     "StepResult",
     "Uniform",
     "UniformAlgorithm",

@@ -1,4 +1,4 @@
-"""The loss-only methods (issue 40, part 1): linear scalarisation, inverse loss, RLW, DWA, FAMO.
+"""The loss-only methods (issue 40, part 1): linear scalarisation, inverse loss, RLW, DWA, FAMO, STCH.
 
 Each weight rule against its formula written out here in numpy; the shared one-stage round; the state
 through the checkpoint's plain form; both engines in float64; an interrupted run resumed equals the
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.algorithms import DWA, FAMO, RLW, InverseLoss, Linear, LossOnlyState, Replies
+from fedhv.algorithms import DWA, FAMO, RLW, STCH, InverseLoss, Linear, LossOnlyState, Replies
 from fedhv.algorithms.dwa import DynamicWeightAverage
 from fedhv.algorithms.inverse_loss import InverseLossRule
 from fedhv.algorithms.linear import FixedWeights
@@ -113,6 +113,26 @@ def test_famo_golden_values_against_torch_adam(weight_decay: float) -> None:
     assert got[-1][1] / got[-1][0] > inv[1] / inv[0]
 
 
+@pytest.mark.parametrize("mu", [1.0, 0.1])
+def test_stch_golden_values_are_the_gradient_of_the_authors_loss(mu: float) -> None:
+    """The oracle: the authors' loss ``mu log sum exp((log(l / z + 1e-20) - max) / mu) * m`` differentiated
+    by autograd with respect to the losses; its gradient, normalised, is the weight vector."""
+    from fedhv.algorithms.stch import STCHRule
+
+    z = np.array([2.0, 0.6, 1.2])
+    got = _run_rule(STCHRule(z, mu))
+    for t, report in enumerate(REPORTS):
+        losses = torch.tensor(report, dtype=torch.float64, requires_grad=True)
+        logs = torch.log(losses / torch.as_tensor(z) + 1e-20)
+        loss = mu * torch.log(torch.exp((logs - logs.max().detach()) / mu).sum()) * 3
+        (grad,) = torch.autograd.grad(loss, losses)
+        np.testing.assert_allclose(got[t + 1], (grad / grad.sum()).numpy(), rtol=1e-12)
+    if mu == 1.0:  # fixed weights 1 / z
+        np.testing.assert_allclose(got[-1], (1 / z) / (1 / z).sum(), rtol=1e-12)
+    else:  # the task farthest above its nadir (ratio F / z largest) takes the most weight
+        assert int(np.argmax(got[1])) == int(np.argmax(REPORTS[0] / z))
+
+
 def test_famo_refuses_a_report_below_its_bound() -> None:
     from fedhv.algorithms.famo import FAMOError, FAMORule
 
@@ -150,7 +170,7 @@ def test_state_through_the_plain_form() -> None:
 
 def test_the_methods_take_fedhvs_rates_and_refuse_bad_values_naming_the_key() -> None:
     fedhv_rates = load_config("multimnist")  # [lr.fedhv] 1.2 / 0.3 (paper Table 5)
-    for name in ("dwa", "rlw", "linear", "inverse-loss", "famo"):
+    for name in ("dwa", "rlw", "linear", "inverse-loss", "famo", "stch"):
         cfg = load_config("multimnist", [f"method='{name}'"])
         assert (cfg.lr_global, cfg.lr_local) == (fedhv_rates.lr_global, fedhv_rates.lr_local)
     assert load_config("multimnist", ["method='dwa'", "lr.dwa={global=2.0, local=0.1}"]).lr_global == 2.0
@@ -158,7 +178,7 @@ def test_the_methods_take_fedhvs_rates_and_refuse_bad_values_naming_the_key() ->
              ("rlw.std=-1", "rlw.std = -1.0 must be > 0"), ("inverse-loss.rho=0", "inverse-loss.rho = 0.0 must be > 0"),
              ("linear.weights=[1, -1]", "linear.weights = [1.0, -1.0] must be positive"),
              ("dwa.report_batches=0", "dwa.report_batches = 0 must be >= 1"),
-             ("famo.lr=0", "famo.lr = 0.0 must be > 0"), ("famo.weight_decay=-1", "famo.weight_decay = -1.0 must be >= 0"),
+             ("stch.mu=0", "stch.mu = 0.0 must be > 0"), ("famo.lr=0", "famo.lr = 0.0 must be > 0"), ("famo.weight_decay=-1", "famo.weight_decay = -1.0 must be >= 0"),
              ("dwa.temprature=1", "unknown config key 'dwa.temprature'; did you mean 'dwa.temperature'?")]
     for override, message in cases:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("?", r"\?")):
@@ -175,7 +195,7 @@ def test_linear_weights_must_match_the_task_count(tmp_path: Path) -> None:
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("method", ["dwa", "rlw", "inverse-loss", "linear", "famo"])
+@pytest.mark.parametrize("method", ["dwa", "rlw", "inverse-loss", "linear", "famo", "stch"])
 def test_both_engines_agree_in_float64(method: str, tmp_path: Path) -> None:
     from fedhv.experiment import run_experiment
     from fedhv.results.rundir import read_jsonl
@@ -200,7 +220,7 @@ class _Stop(Exception):
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("method", ["dwa", "rlw", "famo"])
+@pytest.mark.parametrize("method", ["dwa", "rlw", "famo", "stch"])
 def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DWA's memory (two reports), RLW's round counter and FAMO's logits and Adam moments go through the
     checkpoint."""
@@ -232,7 +252,7 @@ def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkey
 
 def test_the_method_objects_configure_their_sections() -> None:
     cfg = load_config("multimnist")
-    for method in (DWA(lr_global=0.5), RLW(), InverseLoss(), Linear(), FAMO()):
+    for method in (DWA(lr_global=0.5), RLW(), InverseLoss(), Linear(), FAMO(), STCH()):
         configured = method.configure(cfg)
         assert configured.method == method.name and configured.train.lr_global == method.lr_global
         assert configured.section(method.name) == method.config

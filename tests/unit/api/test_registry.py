@@ -95,7 +95,7 @@ def test_registry_register_get_names_and_errors() -> None:
     with pytest.raises(ConfigError, match="without ':'"):
         reg.register("a:b", 4)
     # The built-ins register through the same API.
-    assert set(METHODS.names()) == {"fedhv", "uniform", "fsmgda", "fedcmoo", "dwa", "rlw", "linear", "inverse-loss", "famo"}
+    assert set(METHODS.names()) == {"fedhv", "uniform", "fsmgda", "fedcmoo", "dwa", "rlw", "linear", "inverse-loss", "famo", "stch"}
     assert BENCHMARKS.names()[:4] == ("multimnist", "mnist-fmnist", "cifar10-mnist", "celeba5")
     with pytest.raises(ConfigError, match=r"data.benchmark = 'multimnit' is not supported \(did you mean "
                                           r"'multimnist'\?\).*or name a factory as 'module:attribute'"):

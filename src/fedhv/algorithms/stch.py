@@ -1,0 +1,119 @@
+"""STCH, smooth Tchebycheff scalarisation (Lin, Zhang, Zhang, Lin and Zhang, ICML 2024).
+
+The authors' multi-task loss (``Xi-L/STCH``, ``STCH_MTL/LibMTL/weighting/STCH.py``) is
+``mu log sum_i exp(log(l_i / z_i + 1e-20) / mu)`` with a nadir ``z``; its gradient weighs task ``i``
+by ``softmax_i(log(l_i / z_i + 1e-20) / mu) / (l_i + 1e-20 z_i)``. Here, from the averaged report
+``F^t``::
+
+    w^{t+1}_i ∝ softmax_i(log(F_i^t / z_i + 1e-20) / mu) / (F_i^t + 1e-20 z_i),
+
+normalised to sum 1 (the authors' loss carries a factor ``m``: a factor on the learning rate).
+``mu = 1`` gives fixed weights ``∝ 1 / z_i``; smaller ``mu`` moves the weight to the task farthest
+above its nadir (Tchebycheff as ``mu -> 0``). The authors' code: ``--STCH_mu`` defaults to 1.0 for
+multi-task learning (their Pareto-set-learning script uses 0.01), so 1.0 is the default here too.
+
+The nadir: the authors average each task's loss over a warm-up epoch (``--STCH_warmup_epoch 4``,
+trained on the sum of log-losses); here ``z`` is the mean of the averaged reports of the reference
+calibration (paper §3.2: uniform-weight rounds, shared with FedHV's reference and across a grid).
+FedHV's loss-only protocol (:mod:`fedhv.algorithms.loss_only`); ``w^0 = 1/m``. Reports must be
+non-negative (the built-in losses are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, normalized, softmax, uniform
+from fedhv.algorithms.method import BuildContext, Built, Calibration, positive, register
+from fedhv.errors import ConfigError, FedHVError
+
+#: The authors' shift inside the logarithm.
+EPS = 1e-20
+
+
+class STCHError(FedHVError):
+    """A negative report or a non-positive nadir (the logarithm is undefined)."""
+
+
+@dataclass(frozen=True)
+class STCHConfig:
+    """The ``[stch]`` section.
+
+    Attributes
+    ----------
+    mu : float
+        The smoothing ``mu > 0`` (the authors' default for multi-task learning: 1.0).
+    report_batches : int or "all"
+        The clients' report budget.
+    """
+
+    mu: float = 1.0
+    report_batches: int | str = "all"
+
+    def check(self) -> None:
+        """Refuse a non-positive ``mu`` or a bad report budget."""
+        positive("stch.mu", self.mu, "e.g. 1.0 (the authors'; smaller is closer to Tchebycheff)")
+        check_report_batches("stch.report_batches", self.report_batches)
+
+
+@dataclass(frozen=True)
+class STCHRule:
+    """STCH's weight map around the nadir ``z``."""
+
+    nadir: np.ndarray
+    mu: float = 1.0
+
+    def first(self, num_tasks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """``1/m``."""
+        return uniform(num_tasks), ()
+
+    def next(self, report: np.ndarray, memory: tuple[np.ndarray, ...],
+             round_index: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """The normalised gradient weights of the smooth Tchebycheff loss at ``F^t``."""
+        f = np.asarray(report, dtype=np.float64)
+        if (f < 0).any():
+            bad = [i for i, v in enumerate(f) if v < 0]
+            raise STCHError(f"round {round_index + 1}: STCH needs non-negative reports, but task(s) {bad} report "
+                            f"{[float(f[i]) for i in bad]}; use a method for losses of any sign (e.g. fedhv)")
+        z = self.nadir
+        return normalized(softmax(np.log(f / z + EPS) / self.mu) / (f + EPS * z)), memory
+
+
+@register
+@dataclass(frozen=True)
+class STCH(LossOnlyMethod):
+    """Smooth Tchebycheff scalarisation; ``lr_global`` is the server learning rate ``eta_g``."""
+
+    lr_global: float = 1.0
+    config: STCHConfig = field(default_factory=STCHConfig)
+    name: ClassVar[str] = "stch"
+    section: ClassVar[type] = STCHConfig
+    complexity: ClassVar[tuple[str, str, str]] = (
+        "objective estimation, one weighted local trajectory", "Θ(d + m)", "smooth max of log-ratios to a nadir")
+
+    def uses_calibration(self) -> bool:
+        """The nadir comes from the reference calibration."""
+        return True
+
+    def rule(self, context: BuildContext) -> STCHRule:
+        """The rule around the nadir of the run's calibration (see :meth:`build`)."""
+        return STCHRule(nadir_of(context.calibration()), self.config.mu)
+
+    def build(self, context: BuildContext) -> Built:
+        """The loss-only round around :class:`STCHRule`; the nadir is recorded as the run's reference."""
+        calibration = context.calibration()
+        built = super().build(context)
+        return Built(built.algorithm, nadir_of(calibration).tolist(), "calibration mean (STCH nadir)", calibration)
+
+
+def nadir_of(calibration: Calibration) -> np.ndarray:
+    """``z``: each task's mean over the calibration's averaged reports (every seed, every round)."""
+    rows = [row for rounds in calibration.reports.values() for row in rounds]
+    z = np.mean(np.asarray(rows, dtype=np.float64), axis=0)
+    if not (z > 0).all():
+        raise ConfigError(f"STCH's nadir {z.tolist()} (the calibration's mean reports) must be positive; STCH "
+                          "needs positive losses")
+    return z
