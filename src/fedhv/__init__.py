@@ -16,7 +16,8 @@ _API = {
     "simulate": "fedhv.api", "FedHV": "fedhv.api", "Uniform": "fedhv.api", "FSMGDA": "fedhv.api",
     "FedCMOO": "fedhv.api", "FSMGDAConfig": "fedhv.algorithms", "FedCMOOConfig": "fedhv.algorithms",
     "FedHVConfig": "fedhv.algorithms", "Method": "fedhv.algorithms", "BuildContext": "fedhv.algorithms",
-    "Built": "fedhv.algorithms",
+    "Built": "fedhv.algorithms", "Linear": "fedhv.algorithms", "InverseLoss": "fedhv.algorithms",
+    "RLW": "fedhv.algorithms", "DWA": "fedhv.algorithms", "FAMO": "fedhv.algorithms", "STCH": "fedhv.algorithms",
     "HVWeighting": "fedhv.weighting", "HVBackward": "fedhv.weighting",
     "reference_from_losses": "fedhv.weighting",
     "UserBenchmark": "fedhv.data.user", "register_benchmark": "fedhv.registry", "register_model": "fedhv.registry",
@@ -26,7 +27,11 @@ _API = {
 }
 
 __all__ = [
+    "DWA",
+    "FAMO",
     "FSMGDA",
+    "RLW",
+    "STCH",
     "BuildContext",
     "Built",
     "ConfigError",
@@ -42,6 +47,8 @@ __all__ = [
     "HVBackward",
     "HVWeighting",
     "History",
+    "InverseLoss",
+    "Linear",
     "Method",
     "RunDirError",
     "Task",

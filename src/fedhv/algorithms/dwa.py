@@ -1,5 +1,6 @@
-"""DWA, dynamic weight average (Liu, Johns and Davison, "End-to-End Multi-Task Learning with
-Attention", CVPR 2019).
+"""DWA, dynamic weight average (Liu, Johns and Davison, CVPR 2019).
+
+"End-to-End Multi-Task Learning with Attention".
 
 From the averaged reports, with ``Fbar^t`` the mean report over the last ``window`` rounds up to round
 ``t`` (``window = 1``: ``Fbar^t = F^t``)::

@@ -332,7 +332,9 @@ REFUSED = [
     Refused("None id", lambda: _ids_data(_none_ids()), r"ids\[7\] = None is not a client id"),
     Refused("ids of another length", lambda: _ids_data(np.arange(31)), r"one client id per sample \(32 values, got 31"),
     # methods and seeds
-    Refused("method='dwa'", lambda: _simulate(method="dwa"), r"method = 'dwa' is a string; fedhv has no method 'dwa'"),
+    Refused("method='gradnorm'", lambda: _simulate(method="gradnorm"),
+            r"method = 'gradnorm' is a string; fedhv has no method 'gradnorm'"),
+    Refused("method='dwa'", lambda: _simulate(method="dwa"), r"method = 'dwa' is a string; pass fedhv.DWA\(\)"),
     Refused("method='fedhv'", lambda: _simulate(method="fedhv"), r"method = 'fedhv' is a string; pass fedhv.FedHV\(\)"),
     Refused("method=class", lambda: _simulate(method=fedhv.Uniform),
             r"method = fedhv.Uniform is the class; pass an instance: fedhv.Uniform\(\)"),
