@@ -17,6 +17,7 @@ per participating client (``m`` weights down, ``m`` reports up).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +35,8 @@ from fedhv.weighting import hv_weights
 
 if TYPE_CHECKING:
     from fedhv.config.schema import RunConfig
+
+log = logging.getLogger("fedhv")
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,28 @@ def slack_scale_values(spec: str | Sequence[float], m: int, calibration: Calibra
     return values
 
 
+#: Calibrated ranges differing by more than this factor make FedHV warn before round 1 (issue 40).
+SCALE_WARNING = 2.0
+
+
+def warn_on_scales(ranges: Sequence[float], task_names: Sequence[str]) -> bool:
+    """Log one warning when the tasks' calibrated ranges differ by more than :data:`SCALE_WARNING` times.
+
+    Returns whether it warned (never for fewer than two tasks or a non-positive range).
+    """
+    d = [float(v) for v in ranges]
+    if len(d) < 2 or min(d) <= 0 or max(d) / min(d) <= SCALE_WARNING:
+        return False
+    hi, lo = int(np.argmax(d)), int(np.argmin(d))
+    log.warning("fedhv: the tasks' losses moved on different scales during the calibration (range r_i - min F_i: "
+                "%s %.3g, %s %.3g, %.1fx > %.0fx): FedHV's paper map weighs raw slacks, so %s gets the least "
+                "weight; for tasks on different loss scales set fedhv.slack_scale = \"calibrated-range\" (the "
+                "scale-free variant, docs/methods.md)", task_names[hi] if hi < len(task_names) else hi, d[hi],
+                task_names[lo] if lo < len(task_names) else lo, d[lo], d[hi] / d[lo], SCALE_WARNING,
+                task_names[hi] if hi < len(task_names) else f"task {hi}")
+    return True
+
+
 _H = FedHVConfig
 _C = CalibrationConfig
 
@@ -297,8 +322,16 @@ class FedHV(Method):
         return ref, source, None
 
     def build(self, context: BuildContext) -> Built:
-        """:class:`FedHVAlgorithm` with the resolved reference (and slack scales)."""
+        """:class:`FedHVAlgorithm` with the resolved reference (and slack scales).
+
+        With a calibration and the paper's map, a warning before round 1 when the tasks' calibrated
+        ranges ``d_i = r_i - min_t F_i^t`` differ by more than :data:`SCALE_WARNING` times: the map
+        weighs raw slacks, so the task whose loss moves most gets the least weight (docs/methods.md,
+        "Tasks whose losses live on different scales"); it names the scale-free variant.
+        """
         ref, source, calibration = self.resolve_reference(context)
+        if calibration is not None and isinstance(self.slack_scale, str) and self.slack_scale == "none":
+            warn_on_scales(calibrated_range(calibration), context.task_names)
         return Built(self.algorithm(ref, calibration), ref.tolist(), source, calibration)
 
     def algorithm(self, reference: Sequence[float] | np.ndarray, calibration: Calibration | None = None) -> FedHVAlgorithm:
