@@ -25,7 +25,7 @@ import numpy as np
 
 from fedhv.config.loader import apply_overrides, build_run_config, load_setting
 from fedhv.config.schema import STRATA, RunConfig
-from fedhv.config.validation import _choice, _seed, validate_partition_keys
+from fedhv.config.validation import _seed, choice, validate_partition_keys
 from fedhv.data.heterogeneity import (  # participation_factor: re-exported (it moved)
     Heterogeneity,
     client_task_tv,
@@ -54,7 +54,7 @@ def validate_partition(cfg: RunConfig) -> None:
         :func:`fedhv.config.validation.validate`).
     """
     resolve_benchmark(cfg.data.benchmark)
-    _choice("partition.strata", cfg.partition.strata, STRATA)
+    choice("partition.strata", cfg.partition.strata, STRATA)
     for name, value in (("partition.seed", cfg.partition.seed), ("data.pair_seed", cfg.data.pair_seed),
                         ("data.val_seed", cfg.data.val_seed)):
         _seed(name, value)

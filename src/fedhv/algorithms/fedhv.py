@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
+from fedhv.algorithms.loss_only import check_report_batches
 from fedhv.algorithms.method import BuildContext, Built, Calibration, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields
 from fedhv.config.schema import CalibrationConfig
@@ -67,11 +68,7 @@ class FedHVConfig:
     def check(self) -> None:
         """Refuse values the weight map cannot use (one line naming ``fedhv.<key>``, the value and the fix)."""
         positive("fedhv.rho_clip", self.rho_clip, "the slack floor must be positive, e.g. 1e-6")
-        if isinstance(self.report_batches, str):
-            if self.report_batches != "all":
-                raise ConfigError(f"fedhv.report_batches = {self.report_batches!r}: use \"all\" or a positive integer")
-        elif self.report_batches < 1:
-            raise ConfigError(f"fedhv.report_batches = {self.report_batches} must be >= 1 or \"all\"")
+        check_report_batches("fedhv.report_batches", self.report_batches)
         if isinstance(self.reference, str):
             choice("fedhv.reference", self.reference, ("calibrate", "paper"))
         else:

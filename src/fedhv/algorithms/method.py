@@ -27,7 +27,6 @@ that lays out its public fields otherwise (FedHV) overrides both.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -35,8 +34,12 @@ import numpy as np
 from typing_extensions import Self
 
 from fedhv.algorithms.base import Algorithm
+from fedhv.config.validation import choice, positive
 from fedhv.errors import ConfigError
 from fedhv.registry import METHODS
+
+__all__ = ["BuildContext", "Built", "Calibration", "Method", "check_method_class", "choice", "positive", "register",
+           "register_method"]
 
 if TYPE_CHECKING:
     from fedhv.config.schema import RunConfig
@@ -230,15 +233,3 @@ def check_method_class(cls: Any) -> Any:
         raise ConfigError(f"method name {cls.name!r} is a top-level configuration key, so [{cls.name}] could not be "
                           "its section; choose another name")
     return cls
-
-
-def positive(key: str, value: float, fix: str = "") -> None:
-    """Refuse a non-positive ``value`` of ``key`` (one line naming both and the fix)."""
-    if not value > 0:
-        raise ConfigError(f"{key} = {value!r} must be > 0{'; ' + fix if fix else ''}")
-
-
-def choice(key: str, value: str, options: Sequence[str]) -> None:
-    """Refuse a ``value`` of ``key`` that is not one of ``options``."""
-    if value not in options:
-        raise ConfigError(f"{key} = {value!r} is not supported; choose one of {', '.join(options)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 from fedhv.code_digest import reference_module
 from fedhv.config.flower import check_flower
@@ -25,7 +26,8 @@ from fedhv.registry import METHODS as REGISTERED_METHODS
 from fedhv.registry import resolve_benchmark
 
 
-def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+def choice(name: str, value: str, options: Sequence[str]) -> None:
+    """Refuse a ``value`` of ``name`` that is not one of ``options`` (one line naming the choices)."""
     if value not in options:
         raise ConfigError(
             f"{name} = {value!r} is not supported; choose one of {', '.join(options)}"
@@ -95,7 +97,8 @@ def _finite_floats(value: object, where: str) -> None:
             _finite_floats(v, f"{where}.{k}")
 
 
-def _positive(name: str, value: float, fix: str = "") -> None:
+def positive(name: str, value: float, fix: str = "") -> None:
+    """Refuse a non-positive ``value`` of ``name`` (one line naming both and the fix)."""
     if not value > 0:
         raise ConfigError(f"{name} = {value!r} must be > 0{'; ' + fix if fix else ''}")
 
@@ -120,13 +123,13 @@ def validate_partition_keys(cfg: RunConfig) -> None:
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction = {cfg.data.val_fraction} must be in [0, 1)")
     p = cfg.partition
-    _positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
+    positive("partition.alpha", p.alpha, "the Dirichlet concentration must be positive, e.g. 0.3")
     if p.clients < 1:
         raise ConfigError(f"partition.clients = {p.clients} must be >= 1")
     _at_most("partition.clients", p.clients, MAX_CLIENTS, "lower it (cross-device runs reach 100,000 clients)")
     if p.samples_per_client < 1:
         raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
-    _choice("partition.sizes", p.sizes, SIZES)
+    choice("partition.sizes", p.sizes, SIZES)
     if not p.size_sigma >= 0:
         raise ConfigError(f"partition.size_sigma = {p.size_sigma} must be >= 0 (0 = every size equals "
                           "samples_per_client), e.g. 1.0")
@@ -151,14 +154,14 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
             _finite_floats(getattr(cfg, f.name), f.name.rstrip("_"))
     for name, section in cfg.sections.items():
         _finite_floats(section, name)
-    _choice("engine", cfg.engine, ENGINES)
-    _choice("dtype", cfg.dtype, DTYPES)
+    choice("engine", cfg.engine, ENGINES)
+    choice("dtype", cfg.dtype, DTYPES)
     check_device(cfg.device)
     if cfg.source is None and (import_code or reference_module(cfg.data.benchmark) is None):
         # a registered name, or an importable 'module:attr' factory (a run whose source gave its model and data
         # as objects, fedhv.simulate's, names them for the record only)
         resolve_benchmark(cfg.data.benchmark)
-    _choice("partition.strata", cfg.partition.strata, STRATA)
+    choice("partition.strata", cfg.partition.strata, STRATA)
     if cfg.rounds < 1:
         raise ConfigError(f"rounds = {cfg.rounds} must be >= 1")
     if not cfg.setting.strip() or cfg.setting in (".", "..") or any(c in cfg.setting for c in "/\\\0"):
@@ -174,7 +177,7 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
     if cfg.engine_chunk != "auto" and not (isinstance(cfg.engine_chunk, int) and cfg.engine_chunk >= 0):
         raise ConfigError(f"engine_chunk = {cfg.engine_chunk!r} must be \"auto\" (fit the available memory), "
                           "0 (all model copies at once) or a positive number of copies")
-    _choice("precision", cfg.precision, PRECISIONS)
+    choice("precision", cfg.precision, PRECISIONS)
     if cfg.precision == "bf16" and cfg.dtype != "float32":
         raise ConfigError(f"precision = \"bf16\" needs dtype = \"float32\" (got dtype = {cfg.dtype!r}); "
                           "set dtype = \"float32\" or precision = \"fp32\"")
@@ -205,8 +208,8 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
                           f"bound of {MAX_PLAN_SAMPLES:,} samples per client and round; lower one of them")
     if not 0.0 <= t.momentum < 1.0:
         raise ConfigError(f"train.momentum = {t.momentum} must be in [0, 1)")
-    _choice("train.aggregation", t.aggregation, AGGREGATIONS)
-    _choice("train.optimizer", t.optimizer, OPTIMIZER_NAMES)  # its options are checked when the engine is built
+    choice("train.aggregation", t.aggregation, AGGREGATIONS)
+    choice("train.optimizer", t.optimizer, OPTIMIZER_NAMES)  # its options are checked when the engine is built
     if t.momentum and t.optimizer != "sgd":
         raise ConfigError(f"train.momentum = {t.momentum} applies to train.optimizer = \"sgd\" only; set it to 0 "
                           f"and give {t.optimizer}'s own options in train.optimizer_options")
@@ -215,13 +218,13 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
     if t.clip_grad_norm < 0:
         raise ConfigError(f"train.clip_grad_norm = {t.clip_grad_norm} must be >= 0 (0 = no clipping)")
     for key, rates in cfg.lr.items():
-        _choice("lr table key", key, REGISTERED_METHODS.names())
-        _positive(f"lr.{key}.global", rates.global_, "a learning rate must be positive, e.g. 1.0 (server)")
-        _positive(f"lr.{key}.local", rates.local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
+        choice("lr table key", key, REGISTERED_METHODS.names())
+        positive(f"lr.{key}.global", rates.global_, "a learning rate must be positive, e.g. 1.0 (server)")
+        positive(f"lr.{key}.local", rates.local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
     if t.lr_global is not None:
-        _positive("train.lr_global", t.lr_global, "a learning rate must be positive, e.g. 1.0 (server)")
+        positive("train.lr_global", t.lr_global, "a learning rate must be positive, e.g. 1.0 (server)")
     if t.lr_local is not None:
-        _positive("train.lr_local", t.lr_local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
+        positive("train.lr_local", t.lr_local, "a learning rate must be positive, e.g. 0.1 (local SGD)")
     e = cfg.eval
     if e.test_period < 0:
         raise ConfigError(f"eval.test_period = {e.test_period} must be >= 0 (0 = final evaluation only)")
@@ -229,7 +232,7 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
         raise ConfigError(f"eval.batch_size = {e.batch_size} must be >= 1")
     _at_most("eval.batch_size", e.batch_size, MAX_BATCH_SIZE, "lower it, e.g. 2500")
     for split in e.splits:
-        _choice("eval.splits entry", split, ("val", "test"))
+        choice("eval.splits entry", split, ("val", "test"))
     # The summary and the tables report the test metrics: refuse a run that never evaluates them.
     if "test" not in e.splits:
         raise ConfigError(
@@ -249,9 +252,9 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
     if c.margin < 0:
         raise ConfigError(f"calibration.margin = {c.margin} must be >= 0 (paper: 0.15)")
     if c.partition_alpha is not None:
-        _positive("calibration.partition_alpha", c.partition_alpha)
+        positive("calibration.partition_alpha", c.partition_alpha)
     if c.partition_strata is not None:
-        _choice("calibration.partition_strata", c.partition_strata, STRATA)
+        choice("calibration.partition_strata", c.partition_strata, STRATA)
     d = cfg.data
     if d.rotation_degrees is not None and d.rotation_degrees < 0:
         raise ConfigError(f"data.rotation_degrees = {d.rotation_degrees} must be >= 0 (0 = no rotation)")
