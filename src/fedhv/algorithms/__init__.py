@@ -5,6 +5,7 @@ explicit state, and its registration (:mod:`fedhv.algorithms.method`). Importing
 registers the built-in methods.
 """
 
+from fedhv.algorithms import aggregators, fedcmoo_pref, fedmgda_plus  # noqa: F401  (register the Gramian methods)
 from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult, fedavg_step, mean_update
 from fedhv.algorithms.dwa import DWA, DWAConfig
 from fedhv.algorithms.famo import FAMO, FAMOConfig

@@ -85,6 +85,7 @@ class DWA(LossOnlyMethod):
     lr_global: float = 1.0
     config: DWAConfig = field(default_factory=DWAConfig)
     name: ClassVar[str] = "dwa"
+    label: ClassVar[str] = "DWA"
     section: ClassVar[type] = DWAConfig
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "loss ratios of two windows, softmax")

@@ -130,6 +130,7 @@ class FAMO(LossOnlyMethod):
     lr_global: float = 1.0
     config: FAMOConfig = field(default_factory=FAMOConfig)
     name: ClassVar[str] = "famo"
+    label: ClassVar[str] = "FAMO"
     section: ClassVar[type] = FAMOConfig
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "one Adam step on m logits")

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step, one_hot_rows
+from fedhv.algorithms.base import Federation, Replies, Request, StepResult, fedavg_step, one_hot_rows
 from fedhv.algorithms.method import BuildContext, Built, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.errors import ConfigError
@@ -54,8 +54,8 @@ from fedhv.weighting.simplex import project_simplex, project_simplex_floats
 
 
 @dataclass(frozen=True)
-class FedCMOOConfig:
-    """FedCMOO's hyper-parameters, the ``[fedcmoo]`` section (paper B.6, reference notes §4.2).
+class FedCMOOSketch:
+    """FedCMOO's Gram estimate (paper B.6, reference notes §4.2), shared by every method on its exchange.
 
     Attributes
     ----------
@@ -65,8 +65,6 @@ class FedCMOOConfig:
         ``e`` in the rank formula (paper B.6: 1).
     oversample, power_iterations : float, int
         Randomized-SVD oversampling (``floor(0.1 r)`` extra columns) and power iterations.
-    weight_lr, weight_steps, weight_momentum : float, int, float
-        FindWeights (paper B.6: 1e-3, 1000, 0).
     symmetrize : bool
         Use ``(GG + GG^T) / 2``.
     """
@@ -75,22 +73,43 @@ class FedCMOOConfig:
     extra_upload: float = 1.0
     oversample: float = 0.1
     power_iterations: int = 2
+    symmetrize: bool = True
+    #: The section's name in messages (``[fedcmoo]``; a method on FedCMOO's exchange sets its own).
+    key: ClassVar[str] = "fedcmoo"
+
+    def check(self) -> None:
+        """Refuse values the estimator cannot use (one line naming the keys)."""
+        k = self.key
+        choice(f"{k}.estimator", self.estimator, ("randsvd", "randsvd-direct"))
+        positive(f"{k}.extra_upload", self.extra_upload)
+        if self.oversample < 0 or self.power_iterations < 0:
+            raise ConfigError(f"{k}.oversample = {self.oversample} and {k}.power_iterations = "
+                              f"{self.power_iterations} must be >= 0")
+
+
+@dataclass(frozen=True)
+class FedCMOOConfig(FedCMOOSketch):
+    """FedCMOO's hyper-parameters, the ``[fedcmoo]`` section (paper B.6, reference notes §4.2).
+
+    Attributes
+    ----------
+    estimator, extra_upload, oversample, power_iterations, symmetrize
+        The Gram estimate (:class:`FedCMOOSketch`).
+    weight_lr, weight_steps, weight_momentum : float, int, float
+        FindWeights (paper B.6: 1e-3, 1000, 0).
+    """
+
     weight_lr: float = 1e-3
     weight_steps: int = 1000
     weight_momentum: float = 0.0
-    symmetrize: bool = True
 
     def check(self) -> None:
         """Refuse values the estimator or FindWeights cannot use (one line naming the keys)."""
-        choice("fedcmoo.estimator", self.estimator, ("randsvd", "randsvd-direct"))
-        positive("fedcmoo.extra_upload", self.extra_upload)
+        super().check()
         positive("fedcmoo.weight_lr", self.weight_lr)
-        if self.oversample < 0 or self.power_iterations < 0 or self.weight_steps < 1 \
-                or not 0 <= self.weight_momentum < 1:
-            raise ConfigError(
-                "fedcmoo: oversample and power_iterations must be >= 0, weight_steps >= 1, weight_momentum in "
-                f"[0, 1); got {self.oversample}, {self.power_iterations}, {self.weight_steps}, {self.weight_momentum}"
-            )
+        if self.weight_steps < 1 or not 0 <= self.weight_momentum < 1:
+            raise ConfigError(f"fedcmoo.weight_steps = {self.weight_steps} must be >= 1 and fedcmoo.weight_momentum "
+                              f"= {self.weight_momentum} in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -175,14 +194,14 @@ class FedCMOOAlgorithm:
         Server learning rate ``eta_g``.
     seed : int
         Keys the clients' and the server's sketching matrices.
-    config : FedCMOOConfig
-        The hyper-parameters.
+    config : FedCMOOSketch
+        The hyper-parameters (:class:`FedCMOOConfig` for FedCMOO itself).
     """
 
     slices: TaskSlices
     lr_global: float
     seed: int = 0
-    config: FedCMOOConfig = field(default_factory=FedCMOOConfig)
+    config: Any = field(default_factory=FedCMOOConfig)
     name: str = "fedcmoo"
 
     def init_state(self, num_tasks: int) -> FedCMOOState:
@@ -225,15 +244,14 @@ class FedCMOOAlgorithm:
         gg_np = gg.double().cpu().numpy()
         return 0.5 * (gg_np + gg_np.T) if self.config.symmetrize else gg_np
 
-    def round(self, state: FedCMOOState, theta: torch.Tensor, federation: Federation) -> StepResult:
-        """One round: the gradient (and correction) stage, FindWeights, the training stage."""
-        m = len(state.weights)
-        stage1 = federation.exchange(theta, Request(gradients=one_hot_rows(m), upload_gradients=False))
+    def round(self, state: Any, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """One round: the gradient (and correction) stage, the weights, the training stage."""
+        m = state.num_tasks
+        stage1 = federation.exchange(theta, self.gradient_request(m))
         assert stage1.gradients is not None
         grads = stage1.gradients  # [k, m, d], kept by the clients
         gg = self.gram_estimate(grads, federation.clients, state.round, federation)
-        c = self.config
-        w = find_weights(gg, state.weights, c.weight_lr, c.weight_steps, c.weight_momentum)
+        w, new_state, log = self.weights(gg, state, stage1)
         w_t = torch.as_tensor(w, dtype=grads.dtype, device=grads.device)
         first = torch.einsum("i,kid->kd", w_t, grads).unsqueeze(1)
         stage2 = federation.exchange(
@@ -241,9 +259,21 @@ class FedCMOOAlgorithm:
             Request(payload={"weights": w.astype(np.float32)}, send_model=False, train=w[None, :], first_step=first),
         )
         assert stage2.deltas is not None
-        log = {"weights": w.tolist(), "gram": gg.tolist()}
         new_theta = fedavg_step(theta, stage2.deltas[:, 0], self.lr_global, stage2.weights)
-        return StepResult(new_theta, replace(state, weights=w, round=state.round + 1), log)
+        return StepResult(new_theta, new_state, log)
+
+    def gradient_request(self, num_tasks: int) -> Request:
+        """Stage 1: one gradient per task at ``theta^t``, kept by the clients (their sketches are counted)."""
+        return Request(gradients=one_hot_rows(num_tasks), upload_gradients=False)
+
+    def weights(self, gram: np.ndarray, state: Any, stage1: Replies) -> tuple[np.ndarray, Any, dict[str, Any]]:
+        """FindWeights from the previous weights: ``(w, new state, log)``.
+
+        The hook a method on FedCMOO's exchange overrides (:mod:`fedhv.algorithms.gramian`).
+        """
+        c = self.config
+        w = find_weights(gram, state.weights, c.weight_lr, c.weight_steps, c.weight_momentum)
+        return w, replace(state, weights=w, round=state.round + 1), {"weights": w.tolist(), "gram": gram.tolist()}
 
 
 @register

@@ -36,26 +36,43 @@ from fedhv.weighting import min_norm
 
 
 @dataclass(frozen=True)
-class FSMGDAConfig:
+class FSMGDAExchange:
+    """How FSMGDA's protocol turns task weights into a step (shared by every method on its exchange).
+
+    Attributes
+    ----------
+    scale_decoders : bool
+        Scale each head's update by its task weight.
+    count_decoders : bool
+        Include the heads in the Gramian of the task updates.
+    """
+
+    scale_decoders: bool = True
+    count_decoders: bool = False
+    #: The section's name in messages (``[fsmgda]``; a method on FSMGDA's exchange sets its own).
+    key: ClassVar[str] = "fsmgda"
+
+    def check(self) -> None:
+        """Nothing to refuse: two switches."""
+
+
+@dataclass(frozen=True)
+class FSMGDAConfig(FSMGDAExchange):
     """FSMGDA's hyper-parameters, the ``[fsmgda]`` section.
 
     Reference notes §4.1; the defaults follow the reference code.
 
     Attributes
     ----------
+    scale_decoders, count_decoders : bool
+        The exchange's switches (:class:`FSMGDAExchange`).
     reference_clip : bool
         Two tasks: the reference code's ``[0.001, 0.999]`` boundary values.
-    scale_decoders : bool
-        Scale each head's update by its task weight.
-    count_decoders : bool
-        Include the heads in the min-norm problem.
     max_iter, tol : int, float
         Min-norm solver limits (``m >= 3``).
     """
 
     reference_clip: bool = True
-    scale_decoders: bool = True
-    count_decoders: bool = False
     max_iter: int = 1000
     tol: float = 1e-10
 
@@ -98,21 +115,21 @@ class FSMGDAAlgorithm:
         Encoder / head positions in the flat parameter vector.
     lr_global : float
         Server learning rate ``eta_g``.
-    config : FSMGDAConfig
-        The hyper-parameters.
+    config : FSMGDAExchange
+        The hyper-parameters (:class:`FSMGDAConfig` for FSMGDA itself).
     """
 
     slices: TaskSlices
     lr_global: float
-    config: FSMGDAConfig = field(default_factory=FSMGDAConfig)
+    config: Any = field(default_factory=FSMGDAConfig)
     name: str = "fsmgda"
 
     def init_state(self, num_tasks: int) -> FSMGDAState:
         """The task count, no weights yet."""
         return FSMGDAState(num_tasks)
 
-    def round(self, state: FSMGDAState, theta: torch.Tensor, federation: Federation) -> StepResult:
-        """One stage: ``m`` task trajectories per client, min-norm weights of their means, the update."""
+    def round(self, state: Any, theta: torch.Tensor, federation: Federation) -> StepResult:
+        """One stage: ``m`` task trajectories per client, weights from their means' Gramian, the update."""
         m = state.num_tasks
         replies = federation.exchange(theta, Request(train=one_hot_rows(m)))
         assert replies.deltas is not None
@@ -123,15 +140,23 @@ class FSMGDAAlgorithm:
             vectors = torch.cat([vectors] + [mean[:, h] for h in self.slices.heads], 1)
         v = vectors.double()
         gram = (v @ v.T).cpu().numpy()
-        sol = min_norm(gram, c.max_iter, c.tol, c.reference_clip)
-        lam = torch.as_tensor(sol.weights, dtype=mean.dtype, device=mean.device)
+        weights, new_state, log = self.weights(gram, state)
+        lam = torch.as_tensor(weights, dtype=mean.dtype, device=mean.device)
         combined = lam @ mean  # encoder: sum_i lam_i Dbar_i; head i: lam_i Dbar_i (others' heads are 0)
         if not c.scale_decoders:
             for i, h in enumerate(self.slices.heads):
                 combined[h] = mean[i, h]
-        log = {"weights": sol.weights.tolist(), "min_norm_sq": sol.norm_sq}
-        new_state = FSMGDAState(m, sol.weights)
         return StepResult(theta + self.lr_global * combined, new_state, log)
+
+    def weights(self, gram: np.ndarray, state: Any) -> tuple[np.ndarray, Any, dict[str, Any]]:
+        """MGDA's min-norm weights of the Gramian ``[m, m]`` (float64): ``(lambda, new state, log)``.
+
+        The hook a method on FSMGDA's exchange overrides (:mod:`fedhv.algorithms.gramian`).
+        """
+        c = self.config
+        sol = min_norm(gram, c.max_iter, c.tol, c.reference_clip)
+        return sol.weights, FSMGDAState(state.num_tasks, sol.weights), {"weights": sol.weights.tolist(),
+                                                                        "min_norm_sq": sol.norm_sq}
 
 
 @register

@@ -65,6 +65,7 @@ class InverseLoss(LossOnlyMethod):
     lr_global: float = 1.0
     config: InverseLossConfig = field(default_factory=InverseLossConfig)
     name: ClassVar[str] = "inverse-loss"
+    label: ClassVar[str] = "Inverse loss"
     section: ClassVar[type] = InverseLossConfig
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "O(Mm) report aggregation, 1 / loss")

@@ -69,6 +69,7 @@ class Linear(LossOnlyMethod):
     lr_global: float = 1.0
     config: LinearConfig = field(default_factory=LinearConfig)
     name: ClassVar[str] = "linear"
+    label: ClassVar[str] = "Linear"
     section: ClassVar[type] = LinearConfig
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "none beyond model aggregation")

@@ -150,6 +150,9 @@ class Method:
     #: Table 12's description: (client-side procedure, per-client communication, extra server work),
     #: recorded in ``summary.json`` (the paper's four methods take the paper's entries instead).
     complexity: ClassVar[tuple[str, str, str] | None] = None
+    #: The method's name in tables and figures (``"UPGrad (FSMGDA)"``), recorded in ``summary.json``;
+    #: ``None``: the paper's label for its four methods, else ``name``.
+    label: ClassVar[str | None] = None
 
     # --- configuration ---------------------------------------------------------------------
     @classmethod

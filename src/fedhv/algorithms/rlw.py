@@ -71,6 +71,7 @@ class RLW(LossOnlyMethod):
     lr_global: float = 1.0
     config: RLWConfig = field(default_factory=RLWConfig)
     name: ClassVar[str] = "rlw"
+    label: ClassVar[str] = "RLW"
     section: ClassVar[type] = RLWConfig
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "a random draw of m logits")

@@ -90,6 +90,7 @@ class STCH(LossOnlyMethod):
     lr_global: float = 1.0
     config: STCHConfig = field(default_factory=STCHConfig)
     name: ClassVar[str] = "stch"
+    label: ClassVar[str] = "STCH"
     section: ClassVar[type] = STCHConfig
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "smooth max of log-ratios to a nadir")

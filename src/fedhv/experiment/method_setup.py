@@ -49,6 +49,8 @@ class MethodSetup:
     diagnostics_calibration: CalibrationResult | None = None
     #: The method class's Table 12 description, when it declares one (``Method.complexity``).
     complexity: tuple[str, str, str] | None = None
+    #: The method class's name in tables (``Method.label``).
+    label: str | None = None
 
 
 def initial_losses(cfg: RunConfig, data: FederatedData, seed: int, problem: Problem | None = None) -> np.ndarray:
@@ -191,4 +193,4 @@ def build_method(cfg: RunConfig, data: FederatedData, progress: ProgressFactory 
     built = method.build(context)
     return MethodSetup(built.algorithm, None if built.reference is None else list(built.reference),
                        built.reference_source, built.calibration,  # type: ignore[arg-type]
-                       complexity=type(method).complexity)
+                       complexity=type(method).complexity, label=type(method).label)

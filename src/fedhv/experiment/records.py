@@ -117,6 +117,8 @@ def summarize(cfg: RunConfig, setup: MethodSetup, task_names: tuple[str, ...], l
         summary["stopped_early"] = True
     if setup.complexity is not None:
         summary["complexity"] = list(setup.complexity)
+    if setup.label is not None:
+        summary["label"] = setup.label
     if setup.reference is not None:
         summary["reference"] = setup.reference
         summary["reference_source"] = setup.reference_source

@@ -35,7 +35,12 @@ Evaluation rounds (``fraction_evaluate > 0``; 0 by default) send the global arra
 answers with :func:`fedhv_evaluate_reply`; the replies are validated and averaged weighted by
 ``num-examples``, as FedAvg does.
 
-FSMGDA and FedCMOO are not offered as Strategies: each round needs a gradient stage (every
+Every loss-only method (:mod:`fedhv.algorithms.loss_only`: DWA, FAMO, RLW, STCH, inverse loss, linear
+scalarisation, a user's own) shares this protocol: :class:`LossWeightingStrategy` runs its weight rule in
+place of FedHV's map (``LossWeightingStrategy(fedhv.FAMO(), num_tasks=3)``, or
+``fedhv_strategy(FedAdam, 3, weighting="dwa")``), with the same messages and checks.
+
+FSMGDA, FedCMOO and the Gramian methods on their exchanges are not offered as Strategies: each round needs a gradient stage (every
 client's *m* task gradients, or their sketches) before the training stage, a second round
 trip with a reply format of its own, which ``Strategy.start``'s one train exchange per round
 cannot express. They run through fedhv's own ServerApp (:mod:`fedhv.flower.app`).
@@ -64,12 +69,13 @@ from fedhv.flower.strategy_weighting import (
     FedHVResult,
     FedHVStrategy,
     FedHVWeighting,
+    LossWeightingStrategy,
     UniformStrategy,
     log,
     loss_signs,
 )
 
 __all__ = ["CALIBRATION_KEY", "EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult", "FedHVStrategy",
-           "FedHVWeighting", "UniformStrategy", "composition_problem", "evaluate_reply_problem", "fedhv_evaluate_reply",
+           "FedHVWeighting", "LossWeightingStrategy", "UniformStrategy", "composition_problem", "evaluate_reply_problem", "fedhv_evaluate_reply",
            "fedhv_reply", "fedhv_strategy", "log", "loss_signs", "mean_metrics", "node_id", "records", "task_weights",
            "train_arrays_problem", "train_metrics_problem"]

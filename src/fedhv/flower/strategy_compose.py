@@ -9,7 +9,8 @@ from typing import Any
 from flwr.serverapp.strategy import FedAvg
 
 from fedhv.errors import ConfigError
-from fedhv.flower.strategy_weighting import FedHVStrategy, FedHVWeighting, UniformStrategy, _init
+from fedhv.flower.strategy_rules import loss_only_method
+from fedhv.flower.strategy_weighting import FedHVStrategy, FedHVWeighting, LossWeightingStrategy, UniformStrategy, _init
 
 __all__ = ["composition_problem", "fedhv_strategy"]
 
@@ -17,34 +18,28 @@ _COMPOSED: dict[tuple[type, bool], type] = {}
 
 
 def fedhv_strategy(base: type[FedAvg], num_tasks: int, reference: Sequence[float] | None = None, *,
-                   weighting: str = "fedhv", **options: Any) -> FedHVWeighting:
+                   weighting: Any = "fedhv", **options: Any) -> FedHVWeighting:
     """``base`` (FedAdam, FedYogi, FedAdagrad, FedAvgM, FedProx, FedAvg or your subclass) with FedHV's
-    (``weighting="fedhv"``) or uniform (``"uniform"``) task weighting: replies validated and averaged as
+    (``weighting="fedhv"``), uniform (``"uniform"``) or a loss-only method's task weighting (its name,
+    ``"dwa"``, or its object, ``fedhv.DWA(...)``; :class:`LossWeightingStrategy`): replies validated and averaged as
     :class:`FedHVWeighting` does, then ``base``'s own step (a server optimiser's update, FedProx's
     ``proximal-mu`` in the config). ``options``: FedHV's and ``base``'s keyword options.
 
     ``base`` must reach FedAvg's ``configure_train`` and ``aggregate_train`` through ``super()``;
     one that aggregates on its own (FedMedian, Krum, FedTrimmedAvg, QFedAvg, …) would bypass the
     weighting and is refused. Flower's DP wrappers go *around* the result."""
-    if weighting not in ("fedhv", "uniform"):
-        raise ConfigError(f"weighting = {weighting!r}: use 'fedhv' or 'uniform'")
     problem = composition_problem(base)
     if problem is not None:
         raise ConfigError(problem)
+    if not (isinstance(weighting, str) and weighting in ("fedhv", "uniform")):  # a loss-only method
+        method = loss_only_method(weighting)
+        if reference is not None:
+            raise ConfigError(f"reference is FedHV's; {method.name} takes none")
+        if base is FedAvg:
+            return LossWeightingStrategy(method, num_tasks, **options)
+        return _composed(base, True)(num_tasks, None, method=method, **options)  # type: ignore[no-any-return]
     adaptive = weighting == "fedhv"
-    if base is FedAvg:
-        cls: type = FedHVStrategy if adaptive else UniformStrategy
-    else:
-        key = (base, adaptive)
-        if key not in _COMPOSED:
-            def __init__(self: FedHVWeighting, num_tasks: int, reference: Sequence[float] | None = None,
-                         **opts: Any) -> None:
-                _init(self, base, num_tasks, reference, **opts)
-
-            name = ("FedHV" if adaptive else "Uniform") + base.__name__
-            _COMPOSED[key] = type(name, (base, FedHVWeighting), {"__init__": __init__, "adaptive": adaptive,
-                                                                 "__module__": __name__, "__qualname__": name})
-        cls = _COMPOSED[key]
+    cls: type = (FedHVStrategy if adaptive else UniformStrategy) if base is FedAvg else _composed(base, adaptive)
     if not adaptive:
         if reference is not None:
             raise ConfigError("reference is FedHV's; uniform weighting takes none")
@@ -52,6 +47,20 @@ def fedhv_strategy(base: type[FedAvg], num_tasks: int, reference: Sequence[float
             return UniformStrategy(num_tasks, **options)
         options = {**options, "calibration_rounds": 0}
     return cls(num_tasks, reference, **options)
+
+
+def _composed(base: type[FedAvg], adaptive: bool) -> type:
+    """``base`` with the task weighting (made once per base and kind)."""
+    key = (base, adaptive)
+    if key not in _COMPOSED:
+        def __init__(self: FedHVWeighting, num_tasks: int, reference: Sequence[float] | None = None,
+                     **opts: Any) -> None:
+            _init(self, base, num_tasks, reference, **opts)
+
+        name = ("FedHV" if adaptive else "Uniform") + base.__name__
+        _COMPOSED[key] = type(name, (base, FedHVWeighting), {"__init__": __init__, "adaptive": adaptive,
+                                                             "__module__": __name__, "__qualname__": name})
+    return _COMPOSED[key]
 
 
 def composition_problem(base: object) -> str | None:

@@ -1,5 +1,5 @@
-"""The task-weighting Strategies (FedHV, Uniform) and their reply checks: the classes that
-:mod:`fedhv.flower.strategy` (the public module, documented there) exports."""
+"""The task-weighting Strategies (FedHV, Uniform, every loss-only method) and their reply checks: the
+classes that :mod:`fedhv.flower.strategy` (the public module, documented there) exports."""
 
 from __future__ import annotations
 
@@ -39,18 +39,20 @@ from fedhv.flower.strategy_messages import (
     train_arrays_problem,
     train_metrics_problem,
 )
+from fedhv.flower.strategy_rules import StrategyCalibration, StrategyContext, loss_only_method
 from fedhv.weighting import hv_weights, reference_from_losses
 
 #: A child of Flower's logger: fedhv's lines go wherever the ServerApp's Flower log goes.
 log = logging.getLogger("flwr.fedhv")
 
 __all__ = ["EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult", "FedHVStrategy", "FedHVWeighting",
-           "UniformStrategy", "fedhv_evaluate_reply", "fedhv_reply", "task_weights"]
+           "LossWeightingStrategy", "UniformStrategy", "fedhv_evaluate_reply", "fedhv_reply", "task_weights"]
 
 #: Attributes of the FedHV layer (kept when start() restores the base Strategy after the calibration).
 _FEDHV_STATE = ("num_tasks", "margin", "rho_clip", "reference", "calibration_rounds", "max_report_ratio",
                 "max_num_examples", "metric_keys", "nonnegative", "weights", "history", "rejected", "skipped", "_phase",
-                "_calibration_reports", "_sent", "_restarting", "_announced")
+                "_calibration_reports", "_sent", "_restarting", "_announced", "method", "seed", "_rule", "_memory",
+                "_rule_rounds", "_calibrate")
 
 
 @dataclasses.dataclass
@@ -163,15 +165,24 @@ class FedHVWeighting(FedAvg):
 
     def _fedhv_init(self, num_tasks: int, reference: Sequence[float] | None, calibration_rounds: int, margin: float,
                     rho_clip: float, weighted_by_key: str, max_report_ratio: float, max_num_examples: int,
-                    metric_keys: Sequence[str]) -> None:
-        """Validate and set the FedHV layer's options (the base Strategy's ``__init__`` runs after)."""
+                    metric_keys: Sequence[str], method: Any = None, seed: int = 0) -> None:
+        """Validate and set the FedHV layer's options (the base Strategy's ``__init__`` runs after).
+
+        With ``method`` (a loss-only method), its rule sets the weights instead of FedHV's map; it
+        calibrates only when the method ``uses_calibration()`` (STCH), and then takes no reference.
+        """
+        self.method = None if method is None else loss_only_method(method)
+        self.seed = int(seed)
+        self._calibrate = self.adaptive if self.method is None else self.method.uses_calibration()
+        if self.method is not None and reference is not None:
+            raise ConfigError(f"reference is FedHV's; {self.method.name} takes none")
         if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or num_tasks < 1:
             raise ConfigError(f"num_tasks = {num_tasks!r}: need at least one task")
         if reference is not None:
             ref = np.asarray(reference, dtype=np.float64)
             if ref.shape != (num_tasks,) or not np.isfinite(ref).all():
                 raise ConfigError(f"reference = {list(reference)} must be {num_tasks} finite values (num_tasks)")
-        if reference is None and self.adaptive and calibration_rounds < 1:
+        if reference is None and self._calibrate and calibration_rounds < 1:
             raise ConfigError("calibration_rounds must be >= 1 without a reference; give reference=[...] or "
                               "calibration_rounds=20")
         if not 0 <= margin < np.inf:
@@ -194,6 +205,11 @@ class FedHVWeighting(FedAvg):
         self.max_report_ratio, self.max_num_examples = float(max_report_ratio), int(max_num_examples)
         self.metric_keys = tuple(metric_keys)
         self.weights = np.full(num_tasks, 1.0 / num_tasks)
+        self._rule: Any = None
+        self._memory: tuple[np.ndarray, ...] = ()
+        self._rule_rounds = 0
+        if self.method is not None and not self._calibrate:
+            self._start_rule(None)
         self.history: list[dict[str, Any]] = []
         self.rejected: list[tuple[int, str, int, str]] = []
         self.skipped: list[tuple[int, str]] = []
@@ -205,17 +221,25 @@ class FedHVWeighting(FedAvg):
 
     @property
     def calibrating(self) -> bool:
-        """Whether the next round is a calibration round (adaptive, no reference yet)."""
-        return self.adaptive and self.reference is None
+        """Whether the next round is a calibration round (FedHV or STCH, no reference yet)."""
+        return self._calibrate and self.reference is None
+
+    def _start_rule(self, calibration: StrategyCalibration | None) -> None:
+        """The method's rule for this run and its first weights (loss-only methods)."""
+        assert self.method is not None
+        self._rule = self.method.rule(StrategyContext(self.num_tasks, self.seed, calibration))
+        weights, memory = self._rule.first(self.num_tasks)
+        self.weights, self._memory, self._rule_rounds = np.asarray(weights, dtype=np.float64), tuple(memory), 0
 
     def summary(self) -> None:
         """Flower's summary lines, then fedhv's."""
         super().summary()
-        kind = "FedHV" if self.adaptive else "Uniform"
+        kind = ("FedHV" if self.adaptive else "Uniform") if self.method is None else \
+            (type(self.method).label or self.method.name)
         ref = f"calibrated in {self.calibration_rounds} uniform rounds" if self.reference is None \
             else str(self.reference.tolist())
         log.info("\t└──> fedhv: %s task weighting of %d tasks, reference %s, aggregation %s", kind, self.num_tasks,
-                 ref if self.adaptive else "-", "plain mean" if self.weighted_by_key == UNIT_KEY else "by num-examples")
+                 ref if self._calibrate else "-", "plain mean" if self.weighted_by_key == UNIT_KEY else "by num-examples")
 
     # ---------------------------------------------------------------- the round
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -274,6 +298,10 @@ class FedHVWeighting(FedAvg):
             self._calibration_reports.append(report)
             if len(self._calibration_reports) >= self.calibration_rounds:
                 self._calibrated()
+        elif self._rule is not None:
+            weights, memory = self._rule.next(np.asarray(report, dtype=np.float64), self._memory, self._rule_rounds)
+            self.weights, self._memory = np.asarray(weights, dtype=np.float64), tuple(memory)
+            self._rule_rounds += 1
         elif self.adaptive and self.reference is not None:
             self.weights = hv_weights(np.asarray(report), self.reference, self.rho_clip).weights
         log.info("fedhv: round %d (%s): report %s, task weights %s -> %s, %d replies (%d dropped)", server_round,
@@ -284,6 +312,8 @@ class FedHVWeighting(FedAvg):
     def _calibrated(self) -> None:
         self.reference = np.asarray(reference_from_losses(self._calibration_reports, self.margin))
         self.weights = np.full(self.num_tasks, 1.0 / self.num_tasks)
+        if self.method is not None:
+            self._start_rule(StrategyCalibration(self.reference.tolist(), {"0": list(self._calibration_reports)}))
         log.info("fedhv: reference r = %s from %d calibration rounds", self.reference.tolist(),
                  len(self._calibration_reports))
 
@@ -412,9 +442,9 @@ def _init(self: FedHVWeighting, base: type[FedAvg], num_tasks: int, reference: S
           calibration_rounds: int = 20, margin: float = 0.15, rho_clip: float = 1e-6,
           weighted_by_key: str = UNIT_KEY, max_report_ratio: float = REPORT_OUTLIER_RATIO,
           max_num_examples: int = 10**9, metric_keys: Sequence[str] = (), nonnegative: bool | Sequence[bool] = True,
-          **options: Any) -> None:
+          method: Any = None, seed: int = 0, **options: Any) -> None:
     self._fedhv_init(num_tasks, reference, calibration_rounds, margin, rho_clip, weighted_by_key, max_report_ratio,
-                     max_num_examples, metric_keys)
+                     max_num_examples, metric_keys, method, seed)
     self.nonnegative = loss_signs(nonnegative, self.num_tasks)
     options.setdefault("fraction_evaluate", 0.0)
     if options["fraction_evaluate"] == 0.0:
@@ -439,3 +469,21 @@ class UniformStrategy(FedHVStrategy):
 
     def __init__(self, num_tasks: int, **options: Any) -> None:
         super().__init__(num_tasks, None, calibration_rounds=0, **options)
+
+
+class LossWeightingStrategy(FedHVWeighting):
+    """A loss-only method's task weighting over FedAvg's sampling, on FedHV's single exchange per round.
+
+    ``LossWeightingStrategy(fedhv.DWA(), num_tasks=3)`` (or a method's name, ``"famo"``): the method's rule
+    (:mod:`fedhv.algorithms.loss_only`) maps each round's validated, averaged report ``Fᵗ`` to ``wᵗ⁺¹``,
+    exactly as :class:`~fedhv.algorithms.loss_only.LossOnlyAlgorithm` does in the simulator. ``seed`` keys a
+    random rule's draws (RLW; the simulator's run seed gives the same weights). A method that calibrates
+    (STCH: its nadir is the mean calibration report) runs ``calibration_rounds`` uniform rounds first, as
+    :class:`FedHVStrategy` does. The method's ``lr_global`` is not used: the Strategy's base sets the server
+    step (FedAvg: ``eta_g = 1``; compose with :func:`~fedhv.flower.strategy.fedhv_strategy` for FedAdam & co.).
+    Other options as :class:`FedHVWeighting`.
+    """
+
+    def __init__(self, method: Any, num_tasks: int, *, seed: int = 0, **options: Any) -> None:
+        _init(self, FedAvg, num_tasks, None, method=method, seed=seed, **options)
+

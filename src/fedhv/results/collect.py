@@ -41,7 +41,14 @@ else:  # pragma: no cover
 
 log = logging.getLogger("fedhv")
 
-METHOD_ORDER: tuple[str, ...] = ("uniform", "fsmgda", "fedcmoo", "fedhv")
+#: Table order: the paper's four, the loss-only methods, then the Gramian ones by exchange (others sorted after).
+METHOD_ORDER: tuple[str, ...] = (
+    "uniform", "fsmgda", "fedcmoo", "fedhv", "linear", "inverse-loss", "rlw", "dwa", "famo", "stch",
+    *(f"fsmgda-{r}" for r in ("upgrad", "dualproj", "cagrad", "pcgrad", "imtl-g", "aligned-mtl")), "fedmgda-plus",
+    *(f"fedcmoo-{r}" for r in ("upgrad", "dualproj", "cagrad", "pcgrad", "imtl-g", "aligned-mtl")), "fedcmoo-pref",
+)
+#: Labels by method name: the paper's four, and every other method's own (``Method.label``) once a run of it
+#: that records one (``summary.json``'s ``label``) is loaded.
 METHOD_LABELS: dict[str, str] = {"uniform": "Uniform", "fsmgda": "FSMGDA", "fedcmoo": "FedCMOO", "fedhv": "FedHV"}
 SETTING_ORDER: tuple[str, ...] = (
     "multimnist", "mnist-fmnist", "celeba5-a", "celeba5-b", "cifar10-mnist-a", "cifar10-mnist-b",
@@ -222,7 +229,10 @@ def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None
         ablation = job.get("ablation")
         if job.get("variant"):
             variant = (str(job["variant"][0]), job["variant"][1])
-    return Run(folder, config, summary, variant, ablation)
+    run = Run(folder, config, summary, variant, ablation)
+    if isinstance(summary.get("label"), str):
+        METHOD_LABELS.setdefault(run.method, summary["label"])
+    return run
 
 
 def find_runs(root: Path | str, final_eval: bool = False) -> tuple[list[Run], list[Path]]:

@@ -1,0 +1,199 @@
+"""The Gramian aggregators of multi-task learning, through torchjd, on FSMGDA's and FedCMOO's exchanges.
+
+Each rule below maps the tasks' Gramian ``G = J J^T`` (``J``: the ``m`` task directions as rows) to weights
+``w`` whose combination ``J^T w`` is the aggregator's direction, computed by torchjd's ``*Weighting``
+classes (torchjd 0.18, Rey, Quinton et al., "Jacobian Descent for Multi-Objective Optimization", 2024: a
+maintained library of exactly these aggregators; ``pip install 'fedhv[gramian]'`` brings it with the
+quadprog QP solver and, for CAGrad, cvxpy with Clarabel). Each is registered twice
+(:func:`fedhv.algorithms.gramian.gramian_method`): ``fsmgda-<rule>`` on FSMGDA's exchange (exact
+averaged task updates) and ``fedcmoo-<rule>`` on FedCMOO's (randomized-SVD Gram estimate). MGDA itself is
+:class:`fedhv.FSMGDA` / :class:`fedhv.FedCMOO`.
+
+- **UPGrad** (Rey, Quinton et al. 2024): each row projected onto the dual cone of the rows, the projections
+  averaged: ``w = sum_i proj(e_i / m)``. ``reg_eps = 1e-4`` (torchjd's quadprog projector; relative to the
+  trace, see :func:`~fedhv.algorithms.gramian.torchjd_weights`).
+- **DualProj** (Lopez-Paz & Ranzato, GEM, NeurIPS 2017): the mean direction projected onto the dual cone.
+- **CAGrad** (Liu et al., NeurIPS 2021): ``c = 0.5`` (the authors' MTL default), ``w = 1/m + (sqrt(phi) /
+  ||J^T w*||) w*``, ``sqrt(phi) = c ||g_0||``; torchjd solves the inner problem with Clarabel where the authors'
+  code (``Cranial-XIX/CAGrad``) uses SciPy's SLSQP. Their multi-task scripts then divide the direction by
+  ``1 + c^2`` (``rescale = 1``); fedhv does not (a factor ``0.8`` on ``eta_g`` at ``c = 0.5``).
+- **PCGrad** (Yu et al., NeurIPS 2020): each task's direction, in a random order, stripped of its conflicting
+  components. The authors sum the projected gradients; fedhv takes their mean (torchjd's weights ``/ m``: a
+  factor ``1/m`` on ``eta_g``). The order is drawn from the run's counter-based stream
+  ``(seed, "pcgrad", round)`` (torchjd draws it from torch's global generator, which fedhv forks and seeds).
+- **IMTL-G** (Liu et al., ICLR 2021): the direction with equal projections on every task's unit direction,
+  ``w = G^+ d / sum(G^+ d)``, ``d_i = sqrt(G_ii)`` (torchjd's pseudo-inverse generalisation).
+- **Aligned-MTL** (Senushkin et al., CVPR 2023): ``w = B 1/m``, ``B = sqrt(lambda_min) V Sigma^{-1/2} V^T``
+  from the eigendecomposition of ``G`` (``scale_mode = "min"``, the paper's Algorithm 1 and torchjd's
+  default; torchjd notes that the authors' code used ``"rmse"``, the mean eigenvalue; ``"median"`` too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedhv.algorithms.gramian import (
+    FEDCMOO_EXCHANGE,
+    FSMGDA_EXCHANGE,
+    GRAMIAN_EXTRA,
+    GramianInputs,
+    gramian_method,
+    torchjd_module,
+    torchjd_weights,
+)
+from fedhv.config.validation import choice
+from fedhv.errors import ConfigError
+from fedhv.rng import derive_seed
+
+
+def _non_negative(key: str, **values: float) -> None:
+    for name, value in values.items():
+        if not value >= 0:
+            raise ConfigError(f"{key}.{name} = {value} must be >= 0")
+
+
+@dataclass(frozen=True)
+class _TorchJDRule:
+    """A rule computed by torchjd (:meth:`require` checks it is installed before round 1)."""
+
+    needs_losses: ClassVar[bool] = False
+
+    def require(self, what: str) -> None:
+        """Import torchjd and the solver this rule needs, and solve a 2 x 2 problem, or refuse naming the extra."""
+        try:
+            self.weights(GramianInputs(np.eye(2), np.full(2, 0.5), 0, 0))
+        except ImportError as exc:
+            raise ConfigError(f"{what} needs a solver that is not installed ({exc}): {GRAMIAN_EXTRA}") from exc
+
+    def weighting(self) -> object:
+        """The torchjd ``Weighting`` of this rule."""
+        raise NotImplementedError
+
+    def weights(self, inputs: GramianInputs) -> np.ndarray:
+        """torchjd's weights of ``inputs.gram``."""
+        return torchjd_weights(self.weighting(), inputs.gram)
+
+    def check_rule(self, key: str) -> None:
+        """Nothing to refuse."""
+
+
+@dataclass(frozen=True)
+class UPGrad(_TorchJDRule):
+    """UPGrad's rule; ``reg_eps``: torchjd's quadprog projector's regularisation of ``G / trace(G)``."""
+
+    reg_eps: float = 1e-4
+    rule_name: ClassVar[str] = "upgrad"
+    label: ClassVar[str] = "UPGrad"
+    server_work: ClassVar[str] = "m dual-cone projections (QPs of size m)"
+
+    def weighting(self) -> object:
+        """``UPGradWeighting`` with a ``QuadprogProjector``."""
+        agg = torchjd_module(self.rule_name)
+        from torchjd.linalg import QuadprogProjector
+
+        return agg.UPGradWeighting(projector=QuadprogProjector(reg_eps=self.reg_eps))
+
+    def check_rule(self, key: str) -> None:
+        """Refuse a negative regularisation."""
+        _non_negative(key, reg_eps=self.reg_eps)
+
+
+@dataclass(frozen=True)
+class DualProj(_TorchJDRule):
+    """DualProj's rule; ``reg_eps``: torchjd's quadprog projector's regularisation of ``G / trace(G)``."""
+
+    reg_eps: float = 1e-4
+    rule_name: ClassVar[str] = "dualproj"
+    label: ClassVar[str] = "DualProj"
+    server_work: ClassVar[str] = "one dual-cone projection (a QP of size m)"
+
+    def weighting(self) -> object:
+        """``DualProjWeighting`` with a ``QuadprogProjector``."""
+        agg = torchjd_module(self.rule_name)
+        from torchjd.linalg import QuadprogProjector
+
+        return agg.DualProjWeighting(projector=QuadprogProjector(reg_eps=self.reg_eps))
+
+    def check_rule(self, key: str) -> None:
+        """Refuse a negative regularisation."""
+        _non_negative(key, reg_eps=self.reg_eps)
+
+
+@dataclass(frozen=True)
+class CAGrad(_TorchJDRule):
+    """CAGrad's rule; ``c`` is the radius of its ball (the authors' 0.5)."""
+
+    c: float = 0.5
+    rule_name: ClassVar[str] = "cagrad"
+    label: ClassVar[str] = "CAGrad"
+    server_work: ClassVar[str] = "a second-order cone program of size m"
+
+    def weighting(self) -> object:
+        """``CAGradWeighting(c)``."""
+        return torchjd_module(self.rule_name).CAGradWeighting(c=self.c)
+
+    def check_rule(self, key: str) -> None:
+        """Refuse a negative radius."""
+        _non_negative(key, c=self.c)
+
+
+@dataclass(frozen=True)
+class PCGrad(_TorchJDRule):
+    """PCGrad's rule: torchjd's weights divided by ``m`` (the mean of the projected directions)."""
+
+    rule_name: ClassVar[str] = "pcgrad"
+    label: ClassVar[str] = "PCGrad"
+    server_work: ClassVar[str] = "m (m - 1) projections in a random order"
+
+    def weighting(self) -> object:
+        """``PCGradWeighting()``."""
+        return torchjd_module(self.rule_name).PCGradWeighting()
+
+    def weights(self, inputs: GramianInputs) -> np.ndarray:
+        """torchjd's weights / ``m``, its random order drawn from ``(seed, "pcgrad", round)``."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(inputs.seed, "pcgrad", inputs.round_index))
+            w = torchjd_weights(self.weighting(), inputs.gram)
+        return w / len(w)
+
+
+@dataclass(frozen=True)
+class IMTLG(_TorchJDRule):
+    """IMTL-G's rule (torchjd's pseudo-inverse form)."""
+
+    rule_name: ClassVar[str] = "imtl-g"
+    label: ClassVar[str] = "IMTL-G"
+    server_work: ClassVar[str] = "a pseudo-inverse of the m x m Gramian"
+
+    def weighting(self) -> object:
+        """``IMTLGWeighting()``."""
+        return torchjd_module(self.rule_name).IMTLGWeighting()
+
+
+@dataclass(frozen=True)
+class AlignedMTL(_TorchJDRule):
+    """Aligned-MTL's rule; ``scale_mode`` picks the eigenvalue that scales ``B`` (``min``, ``median``, ``rmse``)."""
+
+    scale_mode: str = "min"
+    rule_name: ClassVar[str] = "aligned-mtl"
+    label: ClassVar[str] = "Aligned-MTL"
+    server_work: ClassVar[str] = "an eigendecomposition of the m x m Gramian"
+
+    def weighting(self) -> object:
+        """``AlignedMTLWeighting(scale_mode=...)``."""
+        return torchjd_module(self.rule_name).AlignedMTLWeighting(scale_mode=self.scale_mode)
+
+    def check_rule(self, key: str) -> None:
+        """Refuse an unknown scale mode."""
+        choice(f"{key}.scale_mode", self.scale_mode, ("min", "median", "rmse"))
+
+
+RULES: tuple[type, ...] = (UPGrad, DualProj, CAGrad, PCGrad, IMTLG, AlignedMTL)
+
+for _exchange in (FSMGDA_EXCHANGE, FEDCMOO_EXCHANGE):
+    for _rule in RULES:
+        gramian_method(_exchange, _rule)
