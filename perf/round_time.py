@@ -3,7 +3,7 @@
 Usage::
 
     FEDHV_DATA=../shared/data python perf/round_time.py [SETTING] [--rounds R]
-        [--methods fedhv,uniform,fsmgda,fedcmoo] [--set k=v ...] [--no-sequential] [--profile N [--profile-only]]
+        [--methods all | uniform,fedhv,...] [--set k=v ...] [--no-sequential] [--profile N [--profile-only]]
 
 Part 1 times FedHV rounds with both engines: seconds per round (median of ``R`` timed
 rounds after a warm-up), the client-time split into objective reports and local
@@ -19,7 +19,10 @@ PyTorch's own layers (no compiled kernel) and the fast inference path
 (:mod:`fedhv.models.inference`),
 median wall and CPU seconds of each, plus the evaluation time of a whole run (every
 ``eval.test_period`` rounds and the final one). Part 2 times one round of each method with
-the batched engine, split into client and server time, as ratios to Uniform, and projects
+the batched engine (every registered method by default), split into client and server time, as
+ratios to Uniform, with the cost of the method's weight rule alone (the map from the round's reports or
+Gramian to the next weights, median of 50 calls on the round's own inputs) and its share of the round;
+and projects
 each method's whole run (:func:`end_to_end`: ``rounds`` rounds, the test evaluations and, for
 FedHV, its uniform-weight calibration; the accounting of the paper's Table 13) with its ratio
 to FedHV (``--set rounds=300`` for Table 13's run length). The 1-minute
@@ -80,21 +83,70 @@ def time_rounds(cfg, data, method: str, engine_name: str, rounds: int,  # type: 
     run_cfg = dataclasses.replace(cfg, method=method, engine=engine_name).with_section(
         "fedhv", dataclasses.replace(cfg.section("fedhv"), reference=reference))
     run_cfg = load_config_like(run_cfg)
-    alg = build_method(run_cfg, data).algorithm
+    alg = build_method(run_cfg, data, calibration=_timing_calibration(run_cfg, data)).algorithm
     model = new_model(run_cfg, data, 0)
     engine = make_engine(run_cfg, model, data, 0, "bench")
     theta = get_flat(model).clone()
     state = alg.init_state(data.num_tasks)
     samples = []
+    last: tuple = ()
     for r in range(rounds + 1):
         fed = SimFederation(engine, sample_clients(0, "bench", r, data.num_clients, cfg.train.clients_per_round), r)
         t0, c0 = time.perf_counter(), time.process_time()
         res = alg.round(state, theta, fed)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        last = (state, res.log)
         state = res.state
         if r:
             samples.append((total, fed.client_seconds, total - fed.client_seconds, cpu))
+    LAST_ROUND[method] = last
     return tuple(statistics.median(s[i] for s in samples) for i in range(4)), engine, alg
+
+
+def _timing_calibration(cfg, data):  # type: ignore[no-untyped-def]
+    """A stand-in calibration for the methods that read one (STCH's nadir): the initial losses as every
+    report (no calibration rounds are timed; FedHV times with the paper's reference)."""
+    from fedhv.experiment.calibration import CalibrationResult
+    from fedhv.experiment.method_setup import initial_losses
+
+    f = initial_losses(cfg, data, 0).tolist()
+    return CalibrationResult([v + 0.15 for v in f], f, 0.15, [0], {"0": [f]})
+
+
+#: Per method, the last timed round's (state before it, log): the inputs :func:`rule_seconds` times the rule on.
+LAST_ROUND: dict[str, tuple] = {}
+
+
+def rule_seconds(method: str, alg, calls: int = 50) -> float | None:  # type: ignore[no-untyped-def]
+    """Median seconds of the method's weight rule alone on the last timed round's inputs (None: no rule)."""
+    import numpy as np
+
+    from fedhv.algorithms.fedcmoo import find_weights
+    from fedhv.algorithms.gramian import GramianInputs
+    from fedhv.weighting import hv_weights
+
+    state, log = LAST_ROUND[method]
+    if hasattr(alg, "rule"):  # loss-only: the map from the averaged report
+        report = np.asarray(log["report"])
+        call = lambda: alg.rule.next(report, state.memory, state.rounds)
+    elif hasattr(alg.config if hasattr(alg, "config") else None, "weights") and "gram" in log:  # Gramian rule
+        inputs = GramianInputs(np.asarray(log["gram"]), state.weights, state.round, 0,
+                               None if "losses" not in log else np.asarray(log["losses"]))
+        call = lambda: alg.config.weights(inputs)
+    elif "gram" in log:  # FedCMOO's FindWeights
+        gram = np.asarray(log["gram"])
+        call = lambda: find_weights(gram, state.weights)
+    elif hasattr(alg, "reference") and "report" in log:  # FedHV's inverse slacks
+        report = np.asarray(log["report"])
+        call = lambda: hv_weights(report, alg.reference, alg.rho_clip, alg.slack_scale)
+    else:
+        return None
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def load_config_like(cfg):  # type: ignore[no-untyped-def]
@@ -109,7 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("setting", nargs="?", default="multimnist")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--methods", default="uniform,fedhv,fsmgda,fedcmoo")
+    parser.add_argument("--methods", default="all", help="comma-separated, or all (every registered method)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--no-sequential", action="store_true", help="time only the batched engine in Part 1")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -188,14 +240,21 @@ def main() -> None:
     if args.profile:
         profile_round(cfg, data, args.profile)
     # Part 2: methods.
-    print(f"\n{'method':<9} {'s/round':>8} {'client':>8} {'server':>8} {'vs uniform':>10} {'CPU s':>7}")
+    from fedhv.registry import METHODS
+
+    methods = ["uniform"] + [m for m in METHODS.names() if m != "uniform"] if args.methods == "all" \
+        else args.methods.split(",")
+    print(f"\n{'method':<20} {'s/round':>8} {'client':>8} {'server':>8} {'vs uniform':>10} {'CPU s':>7} "
+          f"{'rule ms':>9} {'rule %':>7}")
     base = None
     per_round: dict[str, float] = {}
-    for method in args.methods.split(","):
-        (total, client, server, cpu), _, _ = time_rounds(cfg, data, method, "batched", args.rounds)
+    for method in methods:
+        (total, client, server, cpu), _, alg = time_rounds(cfg, data, method, "batched", args.rounds)
         base = base or total
         per_round[method] = total
-        print(f"{method:<9} {total:8.3f} {client:8.3f} {server:8.3f} {total / base:10.2f} {cpu:7.2f}   "
+        rule = rule_seconds(method, alg)
+        rule_text = f"{1e3 * rule:9.3f} {100 * rule / total:6.3f}%" if rule is not None else f"{'-':>9} {'-':>7}"
+        print(f"{method:<20} {total:8.3f} {client:8.3f} {server:8.3f} {total / base:10.2f} {cpu:7.2f} {rule_text}   "
               f"{memory_note(cfg.device)}")
     if "uniform" in per_round:
         print_end_to_end(cfg, per_round, reports["batched"], evaluation)
@@ -233,7 +292,7 @@ def print_end_to_end(cfg, per_round: dict[str, float], report_s: float, eval_s: 
           f"({cal}):")
     for method, t in total.items():
         ratio = f"{t / total['fedhv']:8.2f}" if "fedhv" in total else ""
-        print(f"{method:<9} {t:10.1f} s {ratio}")
+        print(f"{method:<20} {t:10.1f} s {ratio}")
 
 
 def inference_passes(cfg, data, engine, theta, clients, rep_flops: int, reps: int = 5) -> float:  # type: ignore[no-untyped-def]

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_grid_parser(sub)
     table = sub.add_parser("table", help="the paper's tables from run directories (no torch needed)")
     table.add_argument("dir", help="folder searched recursively for finished run directories")
-    table.add_argument("--table", default="all", help="comma-separated tables: 1,8,9,11,7,10,12,13,fairness,theory (default all)")
+    table.add_argument("--table", default="all", help="comma-separated tables: 1,8,9,11,7,10,12,13,fairness,theory (all: these), ranks (every method ranked)")
     table.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     table.add_argument("--paper", action="store_true", help="add the paper's published values and our difference")
     table.add_argument("--final-eval", action="store_true",
@@ -388,12 +388,12 @@ def _finished_runs(folder: str, final_eval: bool = False) -> list:
 
 def _table(args: argparse.Namespace) -> int:
     from fedhv.results.table_model import render, write_tables
-    from fedhv.results.tables import TABLES, build_tables
+    from fedhv.results.tables import EXTRA_TABLES, TABLES, build_tables
 
     which = list(TABLES) if args.table == "all" else _csv_list("--table", args.table, str)
-    bad = [t for t in which if t not in TABLES]
+    bad = [t for t in which if t not in TABLES + EXTRA_TABLES]
     if bad:
-        raise UsageError(f"--table {','.join(bad)}: fedhv makes tables {', '.join(TABLES)}")
+        raise UsageError(f"--table {','.join(bad)}: fedhv makes tables {', '.join(TABLES + EXTRA_TABLES)}")
     tables = build_tables(_finished_runs(args.dir, final_eval=args.final_eval), which, paper=args.paper)
     if not tables:
         raise UsageError(f"{args.dir}: the runs found give none of tables {', '.join(which)}")

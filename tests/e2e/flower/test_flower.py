@@ -36,8 +36,9 @@ LOCAL_OPTIONS = ['train.optimizer="adamw"', "train.optimizer_options={weight_dec
 
 @pytest.mark.needs_data
 @needs_flwr
-@pytest.mark.parametrize(("method", "extra"), [("fedhv", []), ("fedcmoo", []), ("uniform", LOCAL_OPTIONS)],
-                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples"])
+@pytest.mark.parametrize(("method", "extra"), [("fedhv", []), ("fedcmoo", []), ("uniform", LOCAL_OPTIONS),
+                                               ("fedcmoo-pref", [])],
+                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples", "fedcmoo-pref"])
 def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_path: Path, method: str,
                                           extra: list[str]) -> None:
     cfg = load_config("multimnist", [*EQUIV, f'method="{method}"', *extra])
@@ -53,6 +54,8 @@ def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_pat
         np.testing.assert_allclose(a["weights"], b["weights"], rtol=0, atol=1e-10)
         if method == "fedhv":
             np.testing.assert_allclose(a["report"], b["report"], rtol=0, atol=1e-10)
+        if method == "fedcmoo-pref":  # its stage 1 carries the clients' reports beside the gradient sketches
+            np.testing.assert_allclose(a["losses"], b["losses"], rtol=0, atol=1e-10)
         assert a["sync_stages"] == b["sync_stages"]
         assert a["bytes_down_per_client"] > 0 and a["bytes_up_per_client"] > 0
     if method == "fedhv":
