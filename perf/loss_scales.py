@@ -5,10 +5,12 @@ its parity and whether it is >= 5 (2 classes each, loss near log 2 = 0.69). FedH
 map weighs raw slacks ``r_i - F_i``: the 10-class loss falls furthest below its calibrated
 maximum, so its slack is the largest and its weight the smallest. The scale-free variant
 (``slack_scale = "calibrated-range"``) measures each slack in units of the task's calibrated
-range ``r_i - min_t F_i^t``. Runs FedHV, the variant and Uniform for several seeds and prints
-the worst-task and per-task accuracy (mean +- std) as a markdown table.
+range ``r_i - min_t F_i^t``. Runs FedHV, the variant and Uniform (``--methods all``: every registered
+method too, each with ``eta_g = 1``, as a new user would) for several seeds and prints the worst-task and
+per-task accuracy (mean +- std) as a markdown table.
 
     FEDHV_DATA=../shared/data python perf/loss_scales.py --seeds 0,1,2 --rounds 100
+    FEDHV_DATA=../shared/data python perf/loss_scales.py --seeds 0,1 --rounds 30 --methods all
 """
 
 from __future__ import annotations
@@ -63,12 +65,20 @@ def main() -> None:
     p.add_argument("--train", type=int, default=12000)
     p.add_argument("--test", type=int, default=5000)
     p.add_argument("--json", default=None, help="write every run's final evaluation here")
+    p.add_argument("--methods", default="", help="all, or comma-separated registered methods to run besides "
+                   "FedHV, its variant and Uniform")
     args = p.parse_args()
     data = dataset(args.train, args.test, clients=30, alpha=0.5)
     methods = {"FedHV (paper map)": lambda: fedhv.FedHV(lr_global=1.0),
                "FedHV, slack_scale = calibrated-range": lambda: fedhv.FedHV(lr_global=1.0,
                                                                             slack_scale="calibrated-range"),
                "Uniform": lambda: fedhv.Uniform(lr_global=1.0)}
+    from fedhv.registry import METHODS
+
+    extra = [m for m in METHODS.names() if m not in ("fedhv", "uniform", "linear")] if args.methods == "all" \
+        else [m for m in args.methods.split(",") if m]
+    for name in extra:
+        methods[name] = lambda name=name: METHODS[name](lr_global=1.0)  # type: ignore[misc]
     results: dict[str, list[dict]] = {}
     for name, make in methods.items():
         for seed in [int(s) for s in args.seeds.split(",")]:

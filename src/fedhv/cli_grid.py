@@ -29,7 +29,7 @@ def add_grid_parser(sub: Any) -> None:
     grid.add_argument("--retries", type=int, default=3, help="ray: new attempts after a lost worker or node (default 3)")
     grid.add_argument("--num-cpus", type=int, help="ray without --address: the local instance's CPUs (default: all)")
     grid.add_argument("--ablation", help="FedHV ablation sweep: report-budget, participation, local-steps or all "
-                      "(paper C.5; use --methods fedhv)")
+                      "(paper C.5; use --methods fedhv); server-lr: every method at 0.5x and 2x its own eta_g")
     grid.add_argument("--rounds", type=int, help="override every run's number of rounds")
     grid.add_argument("--data-dir", help="data root (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
     grid.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from typing_extensions import Self
 
 from fedhv.algorithms.base import Federation, Replies, Request, StepResult, fedavg_step, one_hot_rows
 from fedhv.algorithms.method import BuildContext, Built, Method, choice, positive, register
@@ -119,6 +120,8 @@ class FedCMOOState:
     weights: np.ndarray
     round: int = 0
     kind: ClassVar[str] = "fedcmoo"
+    #: Whether a checkpointed state's weights must lie on the simplex (FindWeights' do).
+    on_simplex: ClassVar[bool] = True
 
     @property
     def num_tasks(self) -> int:
@@ -130,14 +133,14 @@ class FedCMOOState:
         return {"weights": array_to_plain(self.weights), "round": int(self.round)}
 
     @classmethod
-    def from_plain(cls, data: Any) -> FedCMOOState:
-        """Inverse of :meth:`to_plain`; weights must lie on the simplex, the counter be >= 0."""
+    def from_plain(cls, data: Any) -> Self:
+        """Inverse of :meth:`to_plain`; finite weights (on the simplex when ``on_simplex``), a counter >= 0."""
         d = fields(data, cls.kind, ("weights", "round"))
-        weights = array_from_plain(d["weights"], "fedcmoo weights")
+        weights = array_from_plain(d["weights"], f"{cls.kind} weights")
         assert weights is not None
-        if (weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6:
-            raise StateError(f"fedcmoo weights {weights.tolist()} are not on the simplex (>= 0, sum 1)")
-        return cls(weights, int_from_plain(d["round"], "fedcmoo round"))
+        if cls.on_simplex and ((weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6):
+            raise StateError(f"{cls.kind} weights {weights.tolist()} are not on the simplex (>= 0, sum 1)")
+        return cls(weights, int_from_plain(d["round"], f"{cls.kind} round"))
 
 
 def find_weights(gram: np.ndarray, start: np.ndarray, lr: float = 1e-3, steps: int = 1000,

@@ -45,10 +45,9 @@ import numpy as np
 import torch
 
 from fedhv.algorithms.base import Replies, Request
-from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOSketch
+from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOSketch, FedCMOOState
 from fedhv.algorithms.fsmgda import FSMGDAAlgorithm, FSMGDAExchange
 from fedhv.algorithms.method import BuildContext, Built, Method, register
-from fedhv.algorithms.plain import array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.errors import ConfigError
 
 #: What to install for the aggregators that run through torchjd (and FedMGDA+'s / EPO's solvers).
@@ -95,37 +94,12 @@ class GramianRule(Protocol):
 
 
 @dataclass(frozen=True)
-class GramianState:
-    """The server state of a Gramian method: the last weights and the round counter.
+class GramianState(FedCMOOState):
+    """The server state of a Gramian method: the last weights (``1/m`` before the first round) and the round
+    counter (it keys the sketches and a random rule's draws); the weights need not lie on the simplex."""
 
-    Attributes
-    ----------
-    weights : ndarray ``[m]``
-        The weights of the last round (``1/m`` before the first); finite, not necessarily on the simplex.
-    round : int
-        Rounds run (keys the sketches and a random rule's draws).
-    """
-
-    weights: np.ndarray
-    round: int = 0
     kind: ClassVar[str] = "gramian"
-
-    @property
-    def num_tasks(self) -> int:
-        """``m``, the number of tasks."""
-        return len(self.weights)
-
-    def to_plain(self) -> dict[str, Any]:
-        """``{"weights": Tensor [m], "round": int}``."""
-        return {"weights": array_to_plain(self.weights), "round": int(self.round)}
-
-    @classmethod
-    def from_plain(cls, data: Any) -> GramianState:
-        """Inverse of :meth:`to_plain` (the weights must be finite)."""
-        d = fields(data, cls.kind, ("weights", "round"))
-        weights = array_from_plain(d["weights"], "gramian weights")
-        assert weights is not None
-        return cls(weights, int_from_plain(d["round"], "gramian round"))
+    on_simplex: ClassVar[bool] = False
 
 
 def _rule_weights(rule: Any, gram: np.ndarray, state: GramianState, seed: int,

@@ -64,7 +64,13 @@ ABLATIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "report-budget": ("fedhv.report_batches", (1, 2, 5, "all")),
     "participation": ("train.clients_per_round", (5, 10, 20, 30)),
     "local-steps": ("train.local_steps", (1, 5, 10, 20)),
+    # Not a paper sweep: each method's own server rate eta_g times 0.5 and 2 (the x1 runs are the grid's own).
+    "server-lr": ("train.lr_global", (0.5, 2.0)),
 }
+#: Sweeps whose values *multiply* the method's own resolved setting: sweep -> the variant's name (its folder
+#: ``lr_global_factor=0.5``); ``--ablation all`` runs the paper's three sweeps only.
+RELATIVE_SWEEPS: dict[str, str] = {"server-lr": "lr_global_factor"}
+PAPER_SWEEPS: tuple[str, ...] = ("report-budget", "participation", "local-steps")
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,7 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
     """
     if ablation is not None and ablation not in ABLATIONS and ablation != "all":
         raise ConfigError(f"--ablation {ablation!r}: choose one of {', '.join(ABLATIONS)} or all")
-    sweeps = list(ABLATIONS) if ablation == "all" else [ablation] if ablation else [None]
+    sweeps = list(PAPER_SWEEPS) if ablation == "all" else [ablation] if ablation else [None]
     jobs: list[Job] = []
     calibrations: dict[str, CalibrationJob] = {}
     named: dict[str, str] = {}  # folder name -> the source planned into it
@@ -154,6 +160,11 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                 extra = [] if variant is None else [f"{variant[0]}={_value_text(variant[1])}"]
                 for method in methods:
                     for seed in seeds:
+                        shown = variant
+                        if sweep in RELATIVE_SWEEPS and variant is not None:  # the method's own value, scaled
+                            own = load_config(source, (*overrides, f"method={json.dumps(method)}", f"seed={seed}"))
+                            extra = [f"{variant[0]}={own.lr_global * variant[1]!r}"]
+                            shown = (RELATIVE_SWEEPS[sweep], variant[1])
                         job_over = (*overrides, *extra, f"method={json.dumps(method)}", f"seed={seed}")
                         cfg = load_config(source, job_over)
                         refuse_in_simulator(cfg)  # before its calibration runs in the simulator
@@ -164,8 +175,8 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                                 f"{out / name}: give one another name (setting = \"{name}-2\" in its file) or run "
                                 "them as separate grids")
                         folder = out / name
-                        if variant is not None:
-                            folder = folder / f"{variant[0].split('.')[-1]}={variant[1]}"
+                        if shown is not None:
+                            folder = folder / f"{shown[0].split('.')[-1]}={shown[1]}"
                         cal_path = None
                         if METHODS.get(cfg.method).from_config(cfg).uses_calibration():
                             # The variant does not change the reference (paper: one per family).
@@ -179,7 +190,7 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                                     source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"), cal_path,
                                     c.rounds * len(c.seeds))
                         jobs.append(Job(name, source, method, seed, str(folder / method / f"s{seed}"),
-                                        tuple(job_over), sweep, variant, cal_path, cfg.rounds))
+                                        tuple(job_over), sweep, shown, cal_path, cfg.rounds))
     return jobs, list(calibrations.values())
 
 

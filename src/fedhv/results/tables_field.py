@@ -6,6 +6,11 @@ seeds, the evaluation Table 1 reports), the method's rank on MeanAcc and on Wors
 unrounded means; ties share the average rank), the mean of the two ranks, and the learning rates the runs
 used (``eta_g / eta_l``; a method without rates of its own takes those of the method it shares its
 trajectory with, ``Method.rates_from``).
+
+With the server learning-rate sweep in the same folder (``fedhv grid ... --seeds 0 --ablation server-lr``:
+each method's own ``eta_g`` times 0.5 and 2), a second table per setting gives each method's MeanAcc,
+WorstAcc and mean rank at ``x0.5``, ``x1`` (the grid's own seed-0 run) and ``x2``, the ranks taken among the
+methods at that factor: whether a ranking survives a factor of two in ``eta_g``.
 """
 
 from __future__ import annotations
@@ -48,8 +53,56 @@ def _rates(runs: Sequence[Run]) -> str:
     return ", ".join(f"{g:g} / {lo:g}" for g, lo in sorted(pairs, key=str) if g is not None and lo is not None) or "–"
 
 
+#: The variant name of the server learning-rate sweep (``fedhv.experiment.grid.RELATIVE_SWEEPS``).
+FACTOR = "lr_global_factor"
+
+
+def _mean_ranks(values: dict[str, tuple[float | None, float | None]]) -> dict[str, float]:
+    """Mean of the MeanAcc and WorstAcc ranks among the methods with both values."""
+    both = {m: v for m, v in values.items() if v[0] is not None and v[1] is not None}
+    first = ranks({m: v[0] for m, v in both.items()}, True)  # type: ignore[misc]
+    second = ranks({m: v[1] for m, v in both.items()}, True)  # type: ignore[misc]
+    return {m: (first[m] + second[m]) / 2 for m in both}
+
+
+def table_sensitivity(runs: Sequence[Run]) -> list[Table]:
+    """Per setting with sweep runs: MeanAcc, WorstAcc and mean rank at ``eta_g`` x0.5, x1 (seed 0) and x2."""
+    swept = [r for r in runs if r.variant is not None and r.variant[0] == FACTOR]
+    out = []
+    for setting in ordered_settings({r.setting for r in swept}):
+        at: dict[float, dict[str, tuple[float | None, float | None]]] = {}
+        for r in runs:
+            if r.setting != setting or r.seed != 0:
+                continue
+            if r.variant is None:
+                factor = 1.0
+            elif r.variant[0] == FACTOR:
+                factor = float(r.variant[1])
+            else:
+                continue
+            at.setdefault(factor, {})[r.method] = (r.reported.get("mean_acc"), r.reported.get("worst_acc"))
+        factors = sorted(at)
+        methods = ordered_methods({m for r in swept if r.setting == setting for m in [r.method]})
+        place = {f: _mean_ranks(at[f]) for f in factors}
+        header = [f"{what} ×{f:g}" for what in ("MeanAcc", "WorstAcc", "mean rank") for f in factors]
+        table = Table("ranks", f"Server learning rate η_g × factor (seed 0), {setting_label(setting)}", ["Method"],
+                      header, slug=f"{setting}-eta")
+        for m in methods:
+            cells = [Cell(Stat.of([at[f].get(m, (None, None))[k]])) for k in (0, 1) for f in factors]
+            cells += [Cell(text="–" if m not in place[f] else f"{place[f][m]:g}") for f in factors]
+            table.add([method_label(m)], cells)
+            for f in factors:
+                table.records.append(Record(setting, m, f"mean_rank_x{f:g}",
+                                            None if m not in place[f] else Stat(place[f][m], None, 1)))
+        table.notes.append("Each method at its own η_g (×1, the comparison grid's seed-0 run) and at half and twice "
+                           "it (fedhv grid --seeds 0 --ablation server-lr); ranks among the methods at each factor.")
+        out.append(table)
+    return out
+
+
 def table_ranks(runs: Sequence[Run], paper: bool = False) -> list[Table]:
-    """One ranking table per setting (see the module docstring); ``paper`` is not used (no paper values)."""
+    """One ranking table per setting, and the learning-rate sensitivity where its runs are present
+    (see the module docstring); ``paper`` is not used (no paper values)."""
     groups = group(runs)
     out = []
     for setting in ordered_settings({s for s, _, _ in groups}):
@@ -85,4 +138,4 @@ def table_ranks(runs: Sequence[Run], paper: bool = False) -> list[Table]:
         table.notes.append(f"{len(methods)} methods; rows by mean rank (the mean of the MeanAcc and WorstAcc ranks, "
                            "1 = best, ties share the average place). Bold: best, underlined: second best.")
         out.append(table)
-    return out
+    return out + table_sensitivity(runs)

@@ -95,7 +95,10 @@ def test_registry_register_get_names_and_errors() -> None:
     with pytest.raises(ConfigError, match="without ':'"):
         reg.register("a:b", 4)
     # The built-ins register through the same API.
-    assert set(METHODS.names()) == {"fedhv", "uniform", "fsmgda", "fedcmoo", "dwa", "rlw", "linear", "inverse-loss", "famo", "stch"}
+    gramian = {f"{x}-{r}" for x in ("fsmgda", "fedcmoo")
+               for r in ("upgrad", "dualproj", "cagrad", "pcgrad", "imtl-g", "aligned-mtl")}
+    assert set(METHODS.names()) == {"fedhv", "uniform", "fsmgda", "fedcmoo", "dwa", "rlw", "linear", "inverse-loss",
+                                    "famo", "stch", "fedmgda-plus", "fedcmoo-pref", *gramian}
     assert BENCHMARKS.names()[:4] == ("multimnist", "mnist-fmnist", "cifar10-mnist", "celeba5")
     with pytest.raises(ConfigError, match=r"data.benchmark = 'multimnit' is not supported \(did you mean "
                                           r"'multimnist'\?\).*or name a factory as 'module:attribute'"):

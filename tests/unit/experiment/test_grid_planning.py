@@ -133,3 +133,19 @@ def test_calibration_is_shared_exactly_where_the_paper_shares_it(tmp_path: Path)
     _, cals = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path, ["calibration.margin=0.3"])
     _, cals_default = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path)
     assert cals[0].path != cals_default[0].path  # a different calibration is not reused
+
+
+def test_the_server_lr_sweep_scales_each_methods_own_rate(tmp_path: Path) -> None:
+    """``--ablation server-lr``: every method at half and twice its own resolved eta_g (FedHV's preset rate for
+    the loss-only methods, FSMGDA's for the FSMGDA-exchange ones); not part of ``--ablation all``."""
+    jobs, _ = plan_grid(["multimnist"], ["fedhv", "dwa", "fsmgda", "fsmgda-upgrad", "uniform"], [0],
+                        tmp_path / "g", ablation="server-lr")
+    got = {(j.method, j.variant[1]): float(next(o for o in j.overrides if o.startswith("train.lr_global="))
+                                           .split("=")[1]) for j in jobs}
+    assert got == {("fedhv", 0.5): 0.6, ("fedhv", 2.0): 2.4, ("dwa", 0.5): 0.6, ("dwa", 2.0): 2.4,
+                   ("fsmgda", 0.5): 1.0, ("fsmgda", 2.0): 4.0, ("fsmgda-upgrad", 0.5): 1.0,
+                   ("fsmgda-upgrad", 2.0): 4.0, ("uniform", 0.5): 0.5, ("uniform", 2.0): 2.0}
+    assert {j.variant[0] for j in jobs} == {"lr_global_factor"}
+    assert {Path(j.run_dir).parent.parent.name for j in jobs} == {"lr_global_factor=0.5", "lr_global_factor=2.0"}
+    everything, _ = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path / "h", ablation="all")
+    assert {j.ablation for j in everything} == {"report-budget", "participation", "local-steps"}

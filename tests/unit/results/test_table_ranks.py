@@ -52,3 +52,38 @@ def test_the_ranking_table_orders_methods_by_mean_rank(tmp_path: Path) -> None:
     assert got["FedHV"][0] == "91.10" and got["Uniform"][1] == "89.20"
     marks = {labels[0]: row[0].mark for labels, row in zip(table.labels, table.rows)}
     assert marks["UPGrad (FSMGDA)"] == "best" and marks["FedHV"] == "second"
+
+
+#: method -> {factor: (MeanAcc, WorstAcc)} of the seed-0 sweep runs (x1 is the grid's own seed-0 run)
+SWEEP = {"fedhv": {0.5: (90.0, 88.0), 2.0: (91.5, 89.9)}, "uniform": {0.5: (90.5, 88.5), 2.0: (89.0, 86.0)},
+         "dwa": {0.5: (89.0, 87.5), 2.0: (91.0, 89.0)}, "fsmgda-upgrad": {0.5: (91.0, 88.4), 2.0: (92.0, 90.0)}}
+
+
+def test_the_server_lr_sweep_table_ranks_each_factor(tmp_path: Path) -> None:
+    _runs(tmp_path)
+    for method, values in SWEEP.items():
+        for factor, (mean, worst) in values.items():
+            folder = tmp_path / f"lr_global_factor={factor}" / method / "s0"
+            folder.mkdir(parents=True)
+            own = 2.0 if method.startswith("fsmgda") else 1.2
+            (folder / "config.toml").write_text(f'setting = "multimnist"\nmethod = "{method}"\nseed = 0\n[train]\n'
+                                                f"lr_global = {own * factor}\nlr_local = 0.3\n")
+            (folder / "summary.json").write_text(json.dumps({"setting": "multimnist", "method": method, "seed": 0,
+                                                             "tasks": ["L", "R"], "mean_acc": mean,
+                                                             "worst_acc": worst, "hv": 7.0}))
+            (folder / "grid-job.json").write_text(json.dumps({"ablation": "server-lr",
+                                                              "variant": ["lr_global_factor", factor]}))
+    runs, _ = find_runs(tmp_path)
+    main, sweep = build_tables(runs, ["ranks"])
+    assert [labels[0] for labels in main.labels] == ["FedHV", "UPGrad (FSMGDA)", "Uniform", "DWA"]  # unchanged
+    assert sweep.header == [f"{w} ×{f}" for w in ("MeanAcc", "WorstAcc", "mean rank") for f in ("0.5", "1", "2")]
+    got = {labels[0]: [c.plain(with_std=False) for c in row] for labels, row in zip(sweep.labels, sweep.rows)}
+    # x1 = the seed-0 runs: fedhv 91.0/89.0, uniform 90.8/89.2, dwa 90.0/87.0, upgrad 91.4/88.0
+    assert got["FedHV"][:6] == ["90.00", "91.00", "91.50", "88.00", "89.00", "89.90"]
+    # x0.5 MeanAcc ranks: upgrad 1, uniform 2, fedhv 3, dwa 4; WorstAcc: uniform 1, upgrad 2, fedhv 3, dwa 4
+    # x1: MeanAcc upgrad 1, fedhv 2, uniform 3, dwa 4; WorstAcc uniform 1, fedhv 2, upgrad 3, dwa 4
+    # x2: MeanAcc upgrad 1, fedhv 2, dwa 3, uniform 4; WorstAcc upgrad 1, fedhv 2, dwa 3, uniform 4
+    assert got["FedHV"][6:] == ["3", "2", "2"]
+    assert got["UPGrad (FSMGDA)"][6:] == ["1.5", "2", "1"]
+    assert got["Uniform"][6:] == ["1.5", "2", "4"]
+    assert got["DWA"][6:] == ["4", "4", "3"]
