@@ -131,3 +131,36 @@ def signal_state(pid: int) -> str:
                         if x.startswith(("SigBlk", "SigIgn", "SigCgt")))
     except OSError:
         return "gone"
+
+
+class _Stop(Exception):
+    """Raised by :func:`assert_resume_is_bit_identical`'s patched checkpoint writer."""
+
+
+def assert_resume_is_bit_identical(cfg: RunConfig, root: os.PathLike[str] | str, monkeypatch: object,
+                                   stop_after: int = 2) -> None:
+    """Run ``cfg`` whole, and again interrupted right after the checkpoint of round ``stop_after`` and
+    resumed; the two runs' metrics, rounds, summary and model must be equal bit for bit."""
+    from pathlib import Path
+
+    import pytest
+
+    from fedhv.experiment import resume_experiment, run_experiment
+    from fedhv.experiment import runner as runner_module
+    from unit.experiment.test_resume import _assert_same_run
+
+    full, part = Path(root) / "full", Path(root) / "part"
+    run_experiment(cfg, full, progress=False)
+    real = runner_module.save_checkpoint
+
+    def stop(run_dir: Path, ckpt: object) -> None:
+        real(run_dir, ckpt)
+        if ckpt.round == stop_after:
+            raise _Stop
+
+    monkeypatch.setattr(runner_module, "save_checkpoint", stop)  # type: ignore[attr-defined]
+    with pytest.raises(_Stop):
+        run_experiment(cfg, part, progress=False)
+    monkeypatch.undo()  # type: ignore[attr-defined]
+    resume_experiment(part, progress=False)
+    _assert_same_run(full, part)

@@ -136,6 +136,9 @@ def table_ranks(runs: Sequence[Run], paper: bool = False) -> list[Table]:
         for key, _, _, higher, _ in COLUMNS:
             rank(cells_by_column[key], higher)
         table.notes.append(f"{len(methods)} methods; rows by mean rank (the mean of the MeanAcc and WorstAcc ranks, "
-                           "1 = best, ties share the average place). Bold: best, underlined: second best.")
+                           "1 = best, ties share the average place). Bold: best, underlined: second best. "
+                           "Learning rates: a method without [lr.<method>] in the setting takes those of the method "
+                           "whose trajectory it shares (loss-only methods FedHV's, FSMGDA-exchange methods FSMGDA's, "
+                           "FedCMOO-exchange methods FedCMOO's; Method.rates_from).")
         out.append(table)
     return out + table_sensitivity(runs)

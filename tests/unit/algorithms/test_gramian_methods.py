@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 from fedhv.registry import METHODS
 
-from helpers import ScriptedFederation, small_config
+from helpers import ScriptedFederation, assert_resume_is_bit_identical, small_config
 
 F64 = torch.float64
 RNG = np.random.default_rng(11)
@@ -312,30 +311,8 @@ def test_both_engines_agree_in_float64_and_count_their_exchanges_bytes(method: s
     assert (got["bytes_down_per_client"], got["sync_stages"]) == (ref["bytes_down_per_client"], ref["sync_stages"])
 
 
-class _Stop(Exception):
-    pass
-
-
 @pytest.mark.needs_data
 @pytest.mark.parametrize("method", ["fsmgda-pcgrad", "fedcmoo-upgrad"])
 def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedhv.experiment import resume_experiment, run_experiment
-    from fedhv.experiment import runner as runner_module
-    from unit.experiment.test_resume import _assert_same_run
-
     cfg = small_config(f"method='{method}'", "rounds=4", "checkpoint.period=1")
-    full, part = tmp_path / "full", tmp_path / "part"
-    run_experiment(cfg, full, progress=False)
-    real = runner_module.save_checkpoint
-
-    def stop_after_two(run_dir: Path, ckpt: Any) -> None:
-        real(run_dir, ckpt)
-        if ckpt.round == 2:
-            raise _Stop
-
-    monkeypatch.setattr(runner_module, "save_checkpoint", stop_after_two)
-    with pytest.raises(_Stop):
-        run_experiment(cfg, part, progress=False)
-    monkeypatch.undo()
-    resume_experiment(part, progress=False)
-    _assert_same_run(full, part)
+    assert_resume_is_bit_identical(cfg, tmp_path, monkeypatch)

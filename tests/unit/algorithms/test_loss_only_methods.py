@@ -26,7 +26,7 @@ from fedhv.config import load_config
 from fedhv.errors import ConfigError
 from fedhv.rng import derive_seed
 
-from helpers import ScriptedFederation, small_config
+from helpers import ScriptedFederation, assert_resume_is_bit_identical, small_config
 
 REPORTS = np.array([[2.3, 0.7, 1.1], [2.0, 0.72, 0.9], [1.5, 0.74, 0.95], [1.2, 0.5, 1.0], [1.1, 0.45, 0.4]])
 
@@ -215,37 +215,13 @@ def test_both_engines_agree_in_float64(method: str, tmp_path: Path) -> None:
         assert runs["batched"][0][key] == fedhv_round[key], key
 
 
-class _Stop(Exception):
-    pass
-
-
 @pytest.mark.needs_data
 @pytest.mark.parametrize("method", ["dwa", "rlw", "famo", "stch"])
 def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DWA's memory (two reports), RLW's round counter and FAMO's logits and Adam moments go through the
     checkpoint."""
-    from fedhv.experiment import resume_experiment, run_experiment
-    from fedhv.experiment import runner as runner_module
-    from unit.experiment.test_resume import _assert_same_run
-
     cfg = small_config(f"method='{method}'", "rounds=4", "checkpoint.period=1", "dtype='float64'", "dwa.window=1")
-    full, part = tmp_path / "full", tmp_path / "part"
-    run_experiment(cfg, full, progress=False)
-    real = runner_module.save_checkpoint
-    saved: list[int] = []
-
-    def stop_after_two(run_dir: Path, ckpt: Any) -> None:
-        real(run_dir, ckpt)
-        saved.append(ckpt.round)
-        if ckpt.round == 2:
-            raise _Stop
-
-    monkeypatch.setattr(runner_module, "save_checkpoint", stop_after_two)
-    with pytest.raises(_Stop):
-        run_experiment(cfg, part, progress=False)
-    monkeypatch.undo()
-    resume_experiment(part, progress=False)
-    _assert_same_run(full, part)
+    assert_resume_is_bit_identical(cfg, tmp_path, monkeypatch)
     assert dataclasses.asdict(cfg.section(method)) == dataclasses.asdict(load_config("multimnist", [
         f"method='{method}'", "dwa.window=1"]).section(method))
 
