@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,12 +55,18 @@ def as_method(method: object) -> Method:
         raise ConfigError(f"method = {where}.{method.__name__} is the class; pass an instance: "
                           f"{where}.{method.__name__}() (with its options as arguments)")
     if isinstance(method, str):
-        known = {n.lower(): METHODS.get(n).__name__ for n in METHODS.names()}
-        hint = f"pass fedhv.{known[method.lower()]}()" if method.lower() in known else f"fedhv has no method " \
+        known = {n.lower(): _class_path(METHODS.get(n)) for n in METHODS.names()}
+        hint = f"pass {known[method.lower()]}()" if method.lower() in known else f"fedhv has no method " \
             f"{method!r}; pass one of {_choices()}"
         raise ConfigError(f"method = {method!r} is a string; {hint}")
     raise ConfigError(f"method = {method!r} ({type(method).__name__}) is not a fedhv method; pass one of "
                       f"{_choices()}, or an instance of your own fedhv.Method subclass")
+
+
+def _class_path(cls: type) -> str:
+    """``fedhv.DWA`` for a class ``fedhv`` exports, else its module path (``fedhv.algorithms.aggregators.FSMGDAUPGrad``)."""
+    top = sys.modules.get("fedhv")
+    return f"fedhv.{cls.__name__}" if getattr(top, cls.__name__, None) is cls else f"{cls.__module__}.{cls.__name__}"
 
 
 def plain_int(value: object) -> object:

@@ -336,6 +336,8 @@ REFUSED = [
             r"method = 'gradnorm' is a string; fedhv has no method 'gradnorm'"),
     Refused("method='dwa'", lambda: _simulate(method="dwa"), r"method = 'dwa' is a string; pass fedhv.DWA\(\)"),
     Refused("method='fedhv'", lambda: _simulate(method="fedhv"), r"method = 'fedhv' is a string; pass fedhv.FedHV\(\)"),
+    Refused("method='fsmgda-upgrad'", lambda: _simulate(method="fsmgda-upgrad"),  # not a top-level name: its module
+            r"method = 'fsmgda-upgrad' is a string; pass fedhv.algorithms.aggregators.FSMGDAUPGrad\(\)"),
     Refused("method=class", lambda: _simulate(method=fedhv.Uniform),
             r"method = fedhv.Uniform is the class; pass an instance: fedhv.Uniform\(\)"),
     Refused("method=42", lambda: _simulate(method=42), r"method = 42 \(int\) is not a fedhv method"),
