@@ -37,8 +37,8 @@ LOCAL_OPTIONS = ['train.optimizer="adamw"', "train.optimizer_options={weight_dec
 @pytest.mark.needs_data
 @needs_flwr
 @pytest.mark.parametrize(("method", "extra"), [("fedhv", []), ("fedcmoo", []), ("uniform", LOCAL_OPTIONS),
-                                               ("fedcmoo-pref", [])],
-                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples", "fedcmoo-pref"])
+                                               ("fedcmoo-pref", []), ("fsmgda-upgrad", [])],
+                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples", "fedcmoo-pref", "fsmgda-upgrad"])
 def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_path: Path, method: str,
                                           extra: list[str]) -> None:
     cfg = load_config("multimnist", [*EQUIV, f'method="{method}"', *extra])
