@@ -82,20 +82,20 @@ class _TorchJDRule:
 
 
 @dataclass(frozen=True)
-class UPGrad(_TorchJDRule):
-    """UPGrad's rule; ``reg_eps``: torchjd's quadprog projector's regularisation of ``G / trace(G)``."""
+class _DualConeRule(_TorchJDRule):
+    """A rule of dual-cone projections (torchjd's quadprog projector on ``G / trace(G)``, regularised by
+    ``reg_eps``); a subclass names its torchjd ``Weighting`` class."""
 
     reg_eps: float = 1e-4
-    rule_name: ClassVar[str] = "upgrad"
-    label: ClassVar[str] = "UPGrad"
-    server_work: ClassVar[str] = "m dual-cone projections (QPs of size m)"
+    rule_name: ClassVar[str]
+    weighting_class: ClassVar[str]
 
     def weighting(self) -> object:
-        """``UPGradWeighting`` with a ``QuadprogProjector``."""
+        """The named torchjd ``Weighting`` with a ``QuadprogProjector(reg_eps)``."""
         agg = torchjd_module(self.rule_name)
         from torchjd.linalg import QuadprogProjector
 
-        return agg.UPGradWeighting(projector=QuadprogProjector(reg_eps=self.reg_eps))
+        return getattr(agg, self.weighting_class)(projector=QuadprogProjector(reg_eps=self.reg_eps))
 
     def check_rule(self, key: str) -> None:
         """Refuse a negative regularisation."""
@@ -103,24 +103,23 @@ class UPGrad(_TorchJDRule):
 
 
 @dataclass(frozen=True)
-class DualProj(_TorchJDRule):
-    """DualProj's rule; ``reg_eps``: torchjd's quadprog projector's regularisation of ``G / trace(G)``."""
+class UPGrad(_DualConeRule):
+    """UPGrad's rule: every task projected on the dual cone, the projections averaged."""
 
-    reg_eps: float = 1e-4
+    rule_name: ClassVar[str] = "upgrad"
+    label: ClassVar[str] = "UPGrad"
+    server_work: ClassVar[str] = "m dual-cone projections (QPs of size m)"
+    weighting_class: ClassVar[str] = "UPGradWeighting"
+
+
+@dataclass(frozen=True)
+class DualProj(_DualConeRule):
+    """DualProj's rule: the mean direction projected on the dual cone."""
+
     rule_name: ClassVar[str] = "dualproj"
     label: ClassVar[str] = "DualProj"
     server_work: ClassVar[str] = "one dual-cone projection (a QP of size m)"
-
-    def weighting(self) -> object:
-        """``DualProjWeighting`` with a ``QuadprogProjector``."""
-        agg = torchjd_module(self.rule_name)
-        from torchjd.linalg import QuadprogProjector
-
-        return agg.DualProjWeighting(projector=QuadprogProjector(reg_eps=self.reg_eps))
-
-    def check_rule(self, key: str) -> None:
-        """Refuse a negative regularisation."""
-        _non_negative(key, reg_eps=self.reg_eps)
+    weighting_class: ClassVar[str] = "DualProjWeighting"
 
 
 @dataclass(frozen=True)
