@@ -1,4 +1,5 @@
-"""Loss-only methods against plain PyTorch, on a problem none of the paper's: a BatchNorm model with a
+"""Loss-only methods and a Gramian method (UPGrad on FSMGDA's exchange) against plain PyTorch, on a problem
+none of the paper's: a BatchNorm model with a
 classification and a regression head, 4 clients of 5 samples, float64. The replay is written from scratch:
 eval-mode reports averaged over the clients, the weight rule's formula on them, K full-batch SGD steps per
 client on the weighted loss, the mean update and the mean BatchNorm statistics. fedhv's run must equal it to
@@ -82,3 +83,50 @@ def test_a_loss_only_run_equals_a_plain_pytorch_replay(method: Any, rule: Any) -
     np.testing.assert_allclose([r["report"] for r in hist.rounds], reports, rtol=0, atol=1e-12)
     np.testing.assert_allclose([r["weights"] for r in hist.rounds], ws, rtol=0, atol=1e-12)
     assert len({tuple(w) for w in ws}) > 1  # the rule moved the weights off 1/m within the run
+
+
+def test_a_gramian_run_on_fsmgdas_exchange_equals_a_plain_pytorch_replay() -> None:
+    """fsmgda-upgrad on the same problem: per client and task, K full-batch steps on that task's loss alone;
+    the per-task mean updates; UPGrad's weights (torchjd on their encoder Gramian over its trace); the encoder
+    steps by sum_i w_i Dbar_i, each head by its own w_i Dbar_i. Parameters and weights compared (train-mode
+    BatchNorm uses batch statistics, so the parameters do not depend on how the buffers are federated)."""
+    from torchjd.aggregation import UPGradWeighting
+
+    from fedhv.algorithms.aggregators import FSMGDAUPGrad
+
+    eta = 1.5
+    hist = fedhv.simulate(copy.deepcopy(model), data, FSMGDAUPGrad(lr_global=eta), rounds=ROUNDS, clients_per_round=N,
+                          local_steps=K, batch_size=PER, lr_local=LR, progress=False, engine="batched")
+    glob = copy.deepcopy(model)
+    names = [n for n, _ in glob.named_parameters()]
+    enc = [i for i, n in enumerate(names) if n.startswith("encoder.")]
+    ws = []
+    for _ in range(ROUNDS):
+        mean = []  # per task: the mean over clients of the update of every parameter
+        for task in range(2):
+            per_client = []
+            for p in parts:
+                loc = copy.deepcopy(glob)
+                loc.train()
+                opt = torch.optim.SGD(loc.parameters(), lr=LR)
+                for _ in range(K):
+                    opt.zero_grad()
+                    losses(loc, p)[task].backward()
+                    opt.step()
+                per_client.append([a.detach() - b.detach() for a, b in zip(loc.parameters(), glob.parameters())])
+            mean.append([torch.stack([c[i] for c in per_client]).mean(0) for i in range(len(names))])
+        j = torch.stack([torch.cat([mean[t][i].reshape(-1) for i in enc]) for t in range(2)])
+        gram = j @ j.T
+        w = UPGradWeighting()(gram / torch.trace(gram))
+        ws.append(w.tolist())
+        with torch.no_grad():
+            for i, (n, q) in enumerate(glob.named_parameters()):
+                if n.startswith("encoder."):
+                    q.add_(eta * (w[0] * mean[0][i] + w[1] * mean[1][i]))
+                else:  # heads.<t>.…: task t's own update, by its weight
+                    t = int(n.split(".")[1])
+                    q.add_(eta * w[t] * mean[t][i])
+    for a, b in zip(hist.model.parameters(), glob.parameters(), strict=True):
+        assert torch.allclose(a.detach(), b.detach(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose([r["weights"] for r in hist.rounds], ws, rtol=1e-9, atol=1e-12)
+    assert len({tuple(np.round(w, 9)) for w in ws}) > 1
