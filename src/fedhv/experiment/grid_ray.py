@@ -114,8 +114,9 @@ def _ray() -> Any:
 
 
 #: Ray's interval (ms) at which a worker checks that its raylet lives; it exits at once when not. A local
-#: instance's raylet dies with a killed driver, so its workers get 3 s (Ray's default: 1 s) in which fedhv's
-#: driver watch (0.1 s, :func:`fedhv.experiment.grid_ship.watch_driver`) interrupts the run and it checkpoints.
+#: instance's raylet dies with a killed driver, so its workers get 10 s (Ray's default: 1 s) in which fedhv's
+#: driver watch (0.1 s, :func:`fedhv.experiment.grid_ship.watch_driver`) interrupts the run and it checkpoints
+#: (3 s was once too short on a loaded 2-core CI machine: the worker exited before its checkpoint).
 WORKER_GRACE_ENV = "RAY_raylet_death_check_interval_milliseconds"
 
 
@@ -133,7 +134,7 @@ def loopback_only() -> Iterator[None]:
     if saved is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        with scoped_environ({LOOPBACK_ENV: "0", WORKER_GRACE_ENV: os.environ.get(WORKER_GRACE_ENV, "3000")}):
+        with scoped_environ({LOOPBACK_ENV: "0", WORKER_GRACE_ENV: os.environ.get(WORKER_GRACE_ENV, "10000")}):
             yield
     finally:
         if saved is not None:

@@ -143,7 +143,13 @@ def serve_forever(address: str, parent_pid: int | None, poll_s: float = 0.05, id
             time.sleep(0.5)
             continue
         if res.HasField("task") and res.token:
-            run_task(address, res.token)
+            try:
+                run_task(address, res.token)
+            except Exception:  # one task failed, not the node: serve the next one
+                # Flower's own isolation starts a fresh process per message, so a message whose
+                # objects cannot be pulled (e.g. one of a run whose SuperLink was killed while the
+                # ServerApp pushed it) fails that message only; this process does the same.
+                log.exception("ClientApp task failed (reported to the SuperNode); serving the next task")
             wait, last = poll_s, time.monotonic()
         else:
             time.sleep(wait)

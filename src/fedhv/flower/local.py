@@ -53,7 +53,7 @@ from typing import IO, Any
 from fedhv.config import dumps, to_dict
 from fedhv.config.schema import RunConfig
 from fedhv.data.node_file import node_data_file
-from fedhv.flower.control import start_run
+from fedhv.flower.control import running_runs, start_run, stop_run
 from fedhv.flower.follow import Stopped, follow_run, sigterm_raises
 from fedhv.flower.lifetime import MARK, marked, signal_all, sweep
 from fedhv.flower.procs import FlowerRunError, console_script, free_ports, wait_port
@@ -226,7 +226,12 @@ class Deployment:
     def restart_superlink(self) -> None:
         """The recovery runbook's first step: start the SuperLink again on its port and database
         (registered node keys and runs are kept there; the SuperNodes reconnect by themselves).
-        A SuperExec or ServerApp of the previous SuperLink that still runs is stopped first."""
+        A SuperExec or ServerApp of the previous SuperLink that still runs is stopped first, and
+        the runs the database still lists as running are stopped (``flwr stop``) once it answers:
+        a message the dead ServerApp stored but had not finished pushing would otherwise be
+        handed to a SuperNode whose pull of its missing objects retries for minutes; the pull of
+        a stopped run's object is refused at once, and the SuperNode drops the message (flwr 1.42,
+        ``Fleet.PullObject`` and ``start_client_internal._pull_and_store_message``)."""
         old = next(p for name, p in self.procs if name == "superlink")
         if old.poll() is None:
             old.kill()
@@ -237,6 +242,8 @@ class Deployment:
         self.procs = [(name, p) for name, p in self.procs if p is not old]
         self.lost.discard("superlink")
         wait_port(self.port, self.start("superlink", self.link_cmd), "superlink", self.workdir)
+        for run_id in running_runs(self.port, self.root_certificates):
+            stop_run(self.port, run_id, self.root_certificates)
 
     def check_alive(self) -> None:
         """Raise when the SuperLink exited; a SuperNode (or ClientApp process) that exited is

@@ -77,6 +77,7 @@ def test_gate_refuses_a_node_host_and_the_restart_runbook_resumes_bit_identicall
     import torch
 
     from fedhv.experiment.runner import run_experiment
+    from fedhv.flower.control import running_runs
     from fedhv.flower.local import local_deployment
     from flower_support import theta_of
 
@@ -106,6 +107,8 @@ def test_gate_refuses_a_node_host_and_the_restart_runbook_resumes_bit_identicall
         worker.join(timeout=120)
         assert failed and "superlink" in str(failed[0]), failed
         dep.restart_superlink()
+        # the dead ServerApp's run is stopped, so a message it left half-pushed is dropped by the nodes
+        assert running_runs(dep.port, dep.root_certificates) == []
         nodes_after = json.loads(_flwr(dep.env, "supernode", "list", "local", "--format", "json").stdout)["nodes"]
         assert sorted(n["node-id"] for n in nodes_after) == sorted(n["node-id"] for n in nodes_before)
         dep.submit(None, resume=out)
