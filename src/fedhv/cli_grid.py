@@ -13,7 +13,7 @@ def add_grid_parser(sub: Any) -> None:
     """The ``grid`` sub-command's arguments."""
     grid = sub.add_parser("grid", help="run every setting x method x seed (resumable, parallel)")
     grid.add_argument("settings", nargs="+", metavar="SETTING", help="preset names or TOML files")
-    grid.add_argument("--methods", default="uniform,fsmgda,fedcmoo,fedhv", help="comma-separated (default: all four)")
+    grid.add_argument("--methods", help="comma-separated (default: the paper's four; with --front: fedhv,linear,fedcmoo-pref)")
     grid.add_argument("--seeds", default="0,42,2026", help="comma-separated training seeds (default: the paper's)")
     grid.add_argument("--out", default="runs/grid", help="grid directory (default runs/grid)")
     grid.add_argument("--workers", type=int, help="parallel worker processes of the local pool (default 1)")
@@ -30,6 +30,11 @@ def add_grid_parser(sub: Any) -> None:
     grid.add_argument("--num-cpus", type=int, help="ray without --address: the local instance's CPUs (default: all)")
     grid.add_argument("--ablation", help="FedHV ablation sweep: report-budget, participation, local-steps or all "
                       "(paper C.5; use --methods fedhv); server-lr: every method at 0.5x and 2x its own eta_g")
+    grid.add_argument("--front", metavar="SPEC",
+                      help="trace fronts (docs/fronts.md): every method aimed at each direction u -- H (the interior "
+                           "Das-Dennis lattice), uniform (the paper's direction) or 'a,b;c,d'")
+    grid.add_argument("--margins", default="0.15",
+                      help="with --front: FedHV's margins delta, r = max F^cal + delta m u (default 0.15)")
     grid.add_argument("--rounds", type=int, help="override every run's number of rounds")
     grid.add_argument("--data-dir", help="data root (default: $FEDHV_DATA or ~/.cache/fedhv/data)")
     grid.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -68,7 +73,13 @@ def run_grid_command(args: argparse.Namespace) -> int:
     args.workers = 1 if args.workers is None else args.workers
     if args.workers < 1 or (args.threads is not None and args.threads < 1):
         raise UsageError(f"--workers {args.workers} / --threads {args.threads} must be >= 1")
-    methods = [_method(m) for m in _csv_list("--methods", args.methods, str)]
+    if args.front is not None and args.ablation is not None:
+        raise UsageError("--front and --ablation are two sweeps: run them as separate grids (or one after the other "
+                         "into the same --out)")
+    if args.front is None and args.margins != "0.15":
+        raise UsageError("--margins: only with --front (the margins of FedHV's references along each direction)")
+    default = "fedhv,linear,fedcmoo-pref" if args.front is not None else "uniform,fsmgda,fedcmoo,fedhv"
+    methods = [_method(m) for m in _csv_list("--methods", args.methods or default, str)]
     seeds = _csv_list("--seeds", args.seeds, int)
     overrides = list(args.overrides)
     if args.data_dir:
@@ -78,7 +89,13 @@ def run_grid_command(args: argparse.Namespace) -> int:
     if args.backend == "ray" and args.gpus_per_run > 0 and not any(o.startswith("device=") for o in overrides):
         overrides.append('device="cuda"')  # Ray gives each task its share of a GPU as cuda:0
     out = Path(args.out).resolve() if args.backend == "ray" else Path(args.out)  # workers may start elsewhere
-    jobs, calibrations = plan_grid(args.settings, methods, seeds, out, overrides, args.ablation)
+    if args.front is not None:
+        from fedhv.experiment.grid_front import plan_front
+
+        jobs, calibrations = plan_front(args.settings, methods, seeds, out, overrides, args.front,
+                                        _csv_list("--margins", args.margins, float))
+    else:
+        jobs, calibrations = plan_grid(args.settings, methods, seeds, out, overrides, args.ablation)
     try:
         if args.backend == "ray":
             from fedhv.experiment.grid_ray import RayOptions, run_grid_ray

@@ -125,6 +125,13 @@ class EPORule:
                               "\"uniform\"")
         return r
 
+    @staticmethod
+    def front_values(direction: tuple[float, ...]) -> dict[str, list[float]]:
+        """Aim at the loss-space direction ``u``: EPO balances ``r_i l_i``, so its exact-Pareto point lies on
+        the ray ``l ∝ 1/r``; the preference is ``r = m (1/u) / sum(1/u)`` (``u = 1/m``: all ones, the default)."""
+        inv = 1.0 / np.asarray(direction, dtype=np.float64)
+        return {"preference": (len(inv) * inv / inv.sum()).tolist()}
+
     def require(self, what: str) -> None:
         """Solve a 2-task program once, so that a missing SciPy is reported before round 1."""
         epo_alpha(np.array([1.0, 2.0]), np.eye(2), np.ones(2), self.eps)

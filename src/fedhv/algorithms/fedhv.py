@@ -58,12 +58,18 @@ class FedHVConfig:
         ``"none"``: the paper's map; ``"calibrated-range"``: slack in units of each task's
         ``r_i - min_t F_i^t`` over the calibration; or one positive scale per task
         (:func:`fedhv.weighting.hv_weights`).
+    direction : "uniform" or list of float
+        The calibrated reference's direction ``u`` (normalised to sum 1):
+        ``r = max_t F^t + margin * m * u`` (:func:`calibrated_reference`); ``"uniform"`` is the
+        paper's ``r = max_t F^t + margin``. Far along ``u`` the weights tend to ``1/u`` (linear
+        scalarisation); a front sweep varies it (issue 41, docs/fronts.md).
     """
 
     rho_clip: float = 1e-6
     report_batches: int | str = "all"
     reference: str | tuple[float, ...] = "calibrate"
     slack_scale: str | tuple[float, ...] = "none"
+    direction: str | tuple[float, ...] = "uniform"
 
     def check(self) -> None:
         """Refuse values the weight map cannot use (one line naming ``fedhv.<key>``, the value and the fix)."""
@@ -79,6 +85,10 @@ class FedHVConfig:
                         "non-negative loss; give a reference above the task losses or use "
                         "fedhv.reference = \"calibrate\""
                     )
+        check_direction("fedhv.direction", self.direction)
+        if self.direction != "uniform" and self.reference != "calibrate":
+            raise ConfigError(f"fedhv.direction = {list(self.direction)} aims a calibrated reference, but fedhv.reference "
+                              f"= {self.reference!r}; drop the direction or use fedhv.reference = \"calibrate\"")
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,37 @@ class FedHVAlgorithm:
         return StepResult(new_theta, replace(state, weights=hv.weights, last_report=report), log)
 
 
+def check_direction(key: str, direction: str | Sequence[float]) -> None:
+    """Refuse a direction that is not ``"uniform"`` or positive finite numbers (naming ``key``)."""
+    if isinstance(direction, str):
+        choice(key, direction, ("uniform",))
+    elif not direction or not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in direction):
+        raise ConfigError(f"{key} = {list(direction)} must be positive finite numbers, one per task (a zero entry "
+                          "puts that task's reference at its calibration maximum); e.g. [0.25, 0.75] or \"uniform\"")
+
+
+def calibrated_reference(calibration: Calibration, margin: float, direction: str | Sequence[float] = "uniform",
+                         ) -> np.ndarray:
+    """FedHV's reference from a calibration: ``r = max_{s,t} F^{s,t} + margin * m * u``.
+
+    ``u`` is ``direction`` normalised to sum 1; ``"uniform"`` gives the paper's
+    ``r = max F + margin`` -- the calibration's own ``reference`` when ``margin`` is the one it was
+    computed with (a calibration is shared across margins: its reports do not depend on the margin).
+    """
+    peak = np.asarray(calibration.max_report, dtype=np.float64)
+    if isinstance(direction, str):
+        check_direction("fedhv.direction", direction)
+        if margin == calibration.margin:
+            return np.asarray(calibration.reference, dtype=np.float64)
+        return peak + margin
+    u = np.asarray(direction, dtype=np.float64)
+    if len(u) != len(peak):
+        raise ConfigError(f"fedhv.direction has {len(u)} values but the calibration has {len(peak)} tasks; give "
+                          "one per task")
+    check_direction("fedhv.direction", direction)
+    return peak + margin * len(u) * (u / u.sum())
+
+
 def calibrated_range(calibration: Calibration) -> list[float]:
     """``d_i = r_i - min_{s,t} F_i^{s,t}`` over the calibration rounds.
 
@@ -252,9 +293,11 @@ class FedHV(Method):
     margin: float = _C.margin
     calibration_seeds: tuple[int, ...] = _C.seeds
     slack_scale: str | Sequence[float] = _H.slack_scale
+    direction: str | Sequence[float] = _H.direction
     name: ClassVar[str] = "fedhv"
     section: ClassVar[type] = FedHVConfig
     state: ClassVar[type] = FedHVState
+    takes_margin: ClassVar[bool] = True
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> FedHV:
@@ -262,7 +305,7 @@ class FedHV(Method):
         h, c = cfg.section(cls.name), cfg.calibration
         ref = None if h.reference == "calibrate" else h.reference
         return cls(cfg.lr_global, ref, h.rho_clip, h.report_batches, c.rounds, c.margin, tuple(c.seeds),
-                   h.slack_scale)
+                   h.slack_scale, h.direction)
 
     def options(self) -> FedHVConfig:
         """The ``[fedhv]`` section of these options."""
@@ -271,7 +314,19 @@ class FedHV(Method):
         else:
             ref = tuple(float(v) for v in self.reference)
         scale = self.slack_scale if isinstance(self.slack_scale, str) else tuple(float(v) for v in self.slack_scale)
-        return FedHVConfig(self.rho_clip, self.report_batches, ref, scale)
+        aim = self.direction if isinstance(self.direction, str) else tuple(float(v) for v in self.direction)
+        return FedHVConfig(self.rho_clip, self.report_batches, ref, scale, aim)
+
+    @classmethod
+    def front_overrides(cls, direction: tuple[float, ...], margin: float | None = None) -> tuple[str, ...] | None:
+        """Aim the reference: ``r = max F^cal + margin * m * u``.
+
+        The overrides ``fedhv.direction = u`` and ``calibration.margin = margin`` (the calibration itself is
+        shared across margins and directions).
+        """
+        if margin is None:
+            raise ConfigError("a FedHV front needs a margin delta > 0 (--margins, e.g. 0.15,0.3)")
+        return (f"fedhv.direction={list(direction)!r}", f"calibration.margin={float(margin)!r}")
 
     def configure(self, cfg: RunConfig) -> RunConfig:
         """``cfg`` running this method: ``method``, its rates, ``[fedhv]`` and the calibration's keys."""
@@ -294,7 +349,10 @@ class FedHV(Method):
         m = context.num_tasks
         if self.uses_calibration():
             calibration = context.calibration()
-            return np.asarray(calibration.reference, dtype=np.float64), "calibration", calibration
+            return calibrated_reference(calibration, self.margin, self.direction), "calibration", calibration
+        if self.direction != "uniform":
+            raise ConfigError(f"fedhv.direction = {list(self.direction)} aims a calibrated reference, but the reference "
+                              "is given; drop the direction or calibrate (reference = None)")
         if self.reference == "paper":
             from fedhv.paper import REFERENCES
 

@@ -211,6 +211,15 @@ class GramianMethod(Method):
                                             seed=context.seed)
         return Built(algorithm)
 
+    @classmethod
+    def front_overrides(cls, direction: tuple[float, ...], margin: float | None = None) -> tuple[str, ...] | None:
+        """The rule's aim at ``direction`` (its ``front_values``: section key -> value, e.g. EPO's
+        preference), under this method's section; ``None`` for a rule that takes no direction."""
+        aim = getattr(cls.section, "front_values", None)
+        if aim is None:
+            return None
+        return tuple(f"{cls.name}.{key}={value!r}" for key, value in aim(direction).items())
+
 
 def gramian_method(exchange: Exchange, rule: Any, name: str | None = None, class_name: str | None = None,
                    label: str | None = None, doc: str = "") -> type[Method]:

@@ -74,6 +74,16 @@ class Linear(LossOnlyMethod):
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "none beyond model aggregation")
 
+    @classmethod
+    def front_overrides(cls, direction: tuple[float, ...], margin: float | None = None) -> tuple[str, ...] | None:
+        """Aim at the loss-space direction ``u`` with ``w ∝ 1/u``.
+
+        These are the weights FedHV's map tends to as its reference ``r = c u`` moves away (``c -> inf``),
+        so both trace the front over the same directions.
+        """
+        inv = 1.0 / np.asarray(direction, dtype=np.float64)
+        return (f"linear.weights={(inv / inv.sum()).tolist()!r}",)
+
     def rule(self, context: BuildContext) -> FixedWeights:
         """The normalised preference, checked against the task count."""
         m = context.num_tasks

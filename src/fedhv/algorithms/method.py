@@ -55,11 +55,17 @@ class Calibration(Protocol):
     ----------
     reference : list of float
         ``r_i = max_{s,t} F_i^{s,t} + margin`` over the uniform-weight calibration rounds.
+    max_report : list of float
+        ``max_{s,t} F_i^{s,t}``.
+    margin : float
+        The margin ``reference`` was computed with.
     reports : dict
         The averaged reports ``F^{s,t}`` by calibration seed, round by round.
     """
 
     reference: list[float]
+    max_report: list[float]
+    margin: float
     reports: dict[str, list[list[float]]]
 
 
@@ -178,6 +184,21 @@ class Method:
     def uses_calibration(self) -> bool:
         """Whether :meth:`build` asks for a calibration (a grid then shares one per family)."""
         return False
+
+    # --- fronts (issue 41) -----------------------------------------------------------------
+    #: Whether the method's aim at a direction also takes a margin ``delta`` (FedHV's reference).
+    takes_margin: ClassVar[bool] = False
+
+    @classmethod
+    def front_overrides(cls, direction: tuple[float, ...], margin: float | None = None) -> tuple[str, ...] | None:
+        """Configuration overrides that aim the method at a loss-space direction (a front sweep).
+
+        ``direction`` is ``u`` (``u_i > 0``, ``sum u = 1``; a larger ``u_i`` lets task ``i`` keep a larger
+        loss); ``margin`` the sweep's ``delta`` for a method with :attr:`takes_margin`, else ``None``.
+        ``None`` when the method takes no direction (a front sweep refuses it,
+        :mod:`fedhv.experiment.grid_front`).
+        """
+        return None
 
     # --- the run ---------------------------------------------------------------------------
     def build(self, context: BuildContext) -> Built:

@@ -44,7 +44,7 @@ from typing import Any
 
 from fedhv.config import load_config, preset_names, to_dict
 from fedhv.config.flower import refuse_in_simulator
-from fedhv.config.schema import CALIBRATION_METHOD, RunConfig
+from fedhv.config.schema import CALIBRATION_METHOD, CalibrationConfig, RunConfig
 from fedhv.errors import ConfigError
 from fedhv.experiment.grid_check import (  # noqa: F401 - re-exported
     IGNORED_KEYS,
@@ -118,7 +118,9 @@ def calibration_key(cfg: RunConfig) -> str:
     relevant = {
         "data": to_dict(dataclasses.replace(cfg.data, root=None, max_test_samples=0)),
         "partition": to_dict(cfg.calibration.partition_for(cfg.partition)),
-        "calibration": to_dict(cfg.calibration),
+        # the margin only shifts r = max F + margin (each run applies its own: calibrated_reference), so runs of
+        # any margin share one calibration; written as the default so the keys of earlier grids hold
+        "calibration": to_dict(dataclasses.replace(cfg.calibration, margin=CalibrationConfig.margin)),
         "train": to_dict(cfg.train),
         "report_batches": cfg.section(CALIBRATION_METHOD).report_batches,
         "engine": cfg.engine,
@@ -165,33 +167,45 @@ def plan_grid(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[i
                             own = load_config(source, (*overrides, f"method={json.dumps(method)}", f"seed={seed}"))
                             extra = [f"{variant[0]}={own.lr_global * variant[1]!r}"]
                             shown = (RELATIVE_SWEEPS[sweep], variant[1])
-                        job_over = (*overrides, *extra, f"method={json.dumps(method)}", f"seed={seed}")
-                        cfg = load_config(source, job_over)
-                        refuse_in_simulator(cfg)  # before its calibration runs in the simulator
-                        name = cfg.setting
-                        if named.setdefault(name, source) != source:
-                            raise ConfigError(
-                                f"settings {named[name]} and {source} are both named {name!r}, so both would write "
-                                f"{out / name}: give one another name (setting = \"{name}-2\" in its file) or run "
-                                "them as separate grids")
-                        folder = out / name
-                        if shown is not None:
-                            folder = folder / f"{shown[0].split('.')[-1]}={shown[1]}"
-                        cal_path = None
-                        if METHODS.get(cfg.method).from_config(cfg).uses_calibration():
-                            # The variant does not change the reference (paper: one per family).
-                            base = load_config(source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"))
-                            key = calibration_key(base)
-                            path = out / "calibration" / f"{base.data.benchmark}-{key}.json"
-                            cal_path = str(path)
-                            if cal_path not in calibrations:
-                                c = base.calibration
-                                calibrations[cal_path] = CalibrationJob(
-                                    source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"), cal_path,
-                                    c.rounds * len(c.seeds))
-                        jobs.append(Job(name, source, method, seed, str(folder / method / f"s{seed}"),
-                                        tuple(job_over), sweep, shown, cal_path, cfg.rounds))
+                        folder = () if shown is None else (f"{shown[0].split('.')[-1]}={shown[1]}",)
+                        jobs.append(plan_job(source, overrides, extra, method, seed, out, folder, sweep, shown,
+                                             named, calibrations))
     return jobs, list(calibrations.values())
+
+
+def plan_job(source: str, overrides: Sequence[str], extra: Sequence[str], method: str, seed: int, out: Path,
+             folder: Sequence[str], sweep: str | None, shown: tuple[str, Any] | None, named: dict[str, str],
+             calibrations: dict[str, CalibrationJob]) -> Job:
+    """One job of a grid: its configuration built and validated, its run directory
+    ``out/<setting>/<folder...>/<method>/s<seed>``, and -- for a calibrated method -- the shared
+    calibration of its family added to ``calibrations`` (``named``: setting name -> source, so two
+    sources never write one folder)."""
+    job_over = (*overrides, *extra, f"method={json.dumps(method)}", f"seed={seed}")
+    cfg = load_config(source, job_over)
+    refuse_in_simulator(cfg)  # before its calibration runs in the simulator
+    name = cfg.setting
+    if named.setdefault(name, source) != source:
+        raise ConfigError(
+            f"settings {named[name]} and {source} are both named {name!r}, so both would write "
+            f"{out / name}: give one another name (setting = \"{name}-2\" in its file) or run "
+            "them as separate grids")
+    where = out / name
+    for part in folder:
+        where = where / part
+    cal_path = None
+    if METHODS.get(cfg.method).from_config(cfg).uses_calibration():
+        # The variant does not change the reference (paper: one per family).
+        base = load_config(source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"))
+        key = calibration_key(base)
+        path = out / "calibration" / f"{base.data.benchmark}-{key}.json"
+        cal_path = str(path)
+        if cal_path not in calibrations:
+            c = base.calibration
+            calibrations[cal_path] = CalibrationJob(
+                source, (*overrides, f"method={json.dumps(CALIBRATION_METHOD)}"), cal_path,
+                c.rounds * len(c.seeds))
+    return Job(name, source, method, seed, str(where / method / f"s{seed}"), tuple(job_over), sweep, shown,
+               cal_path, cfg.rounds)
 
 
 def _rounds_done(job: Job, finished: set[str]) -> int:

@@ -25,10 +25,12 @@ __all__ = ["StrategyCalibration", "StrategyContext", "loss_only_method"]
 
 @dataclass(frozen=True)
 class StrategyCalibration:
-    """A Strategy's calibration (:class:`fedhv.algorithms.method.Calibration`): ``r`` and the reports."""
+    """A Strategy's calibration (:class:`fedhv.algorithms.method.Calibration`): ``r``, its parts and the reports."""
 
     reference: list[float]
     reports: dict[str, list[list[float]]]
+    max_report: list[float]
+    margin: float
 
 
 @dataclass(frozen=True)

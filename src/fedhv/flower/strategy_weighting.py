@@ -313,7 +313,8 @@ class FedHVWeighting(FedAvg):
         self.reference = np.asarray(reference_from_losses(self._calibration_reports, self.margin))
         self.weights = np.full(self.num_tasks, 1.0 / self.num_tasks)
         if self.method is not None:
-            self._start_rule(StrategyCalibration(self.reference.tolist(), {"0": list(self._calibration_reports)}))
+            self._start_rule(StrategyCalibration(self.reference.tolist(), {"0": list(self._calibration_reports)},
+                                                 np.max(self._calibration_reports, axis=0).tolist(), self.margin))
         log.info("fedhv: reference r = %s from %d calibration rounds", self.reference.tolist(),
                  len(self._calibration_reports))
 

@@ -212,6 +212,16 @@ def evaluation_note(runs: Sequence[Run]) -> str:
     return " ".join(parts)
 
 
+def _frozen(value: Any) -> Any:
+    """A JSON value with its lists as tuples (a front run's variant ``[u, delta]`` keys groups)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+#: The ``ablation`` of a front sweep's runs (``fedhv grid --front``), tabulated by :mod:`fedhv.results.tables_front`
+#: only: :func:`group` leaves them out.
+FRONT_ABLATION = "front"
+
+
 def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None:
     """The run in ``folder``, or None (with a warning naming the file) when a file is damaged."""
     config = load_checked(config_path, tomllib.loads, config_problem)
@@ -228,7 +238,7 @@ def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None
             return None
         ablation = job.get("ablation")
         if job.get("variant"):
-            variant = (str(job["variant"][0]), job["variant"][1])
+            variant = (str(job["variant"][0]), _frozen(job["variant"][1]))
     run = Run(folder, config, summary, variant, ablation)
     if isinstance(summary.get("label"), str):
         METHOD_LABELS.setdefault(run.method, summary["label"])
@@ -283,10 +293,10 @@ class Stat:
 
 
 def group(runs: Sequence[Run], with_variants: bool = False) -> dict[tuple[str, Any, str], list[Run]]:
-    """Runs by ``(setting, variant, method)``, seeds sorted; ablation runs only if asked."""
+    """Runs by ``(setting, variant, method)``, seeds sorted; ablation runs only if asked, front runs never."""
     out: dict[tuple[str, Any, str], list[Run]] = {}
     for run in runs:
-        if (run.variant is not None) != with_variants:
+        if (run.variant is not None) != with_variants or run.ablation == FRONT_ABLATION:
             continue
         out.setdefault((run.setting, run.variant, run.method), []).append(run)
     for members in out.values():

@@ -52,11 +52,13 @@ def nondominated(points: Any) -> np.ndarray:
     return p[np.asarray(keep, dtype=bool)]
 
 
-def das_dennis(m: int, h: int) -> np.ndarray:
+def das_dennis(m: int, h: int, interior: bool = False) -> np.ndarray:
     """The simplex-lattice directions ``u`` with entries ``k / h`` summing to 1 (Das and Dennis, 1998).
 
     ``C(h + m - 1, m - 1)`` directions: ``h + 1`` for ``m = 2``, 35 for ``m = 5, h = 3``; in lexicographic
-    order of ``h u`` from ``(h, 0, ..., 0)`` down.
+    order of ``h u`` from ``(h, 0, ..., 0)`` down. ``interior``: the same count of strictly positive
+    directions ``(k + 1) / (h + m)`` (a front sweep's: a zero entry would put a task's reference at its
+    calibration maximum and give linear scalarisation an infinite weight ``1/u_i``).
 
     Raises
     ------
@@ -71,7 +73,8 @@ def das_dennis(m: int, h: int) -> np.ndarray:
     for bars in combinations(range(h + m - 1), m - 1):  # stars and bars
         edges = (-1, *bars, h + m - 1)
         rows.append([edges[i + 1] - edges[i] - 1 for i in range(m)])
-    return np.asarray(sorted(rows, reverse=True), dtype=np.float64) / h
+    k = np.asarray(sorted(rows, reverse=True), dtype=np.float64)
+    return (k + 1) / (h + m) if interior else k / h
 
 
 @dataclass(frozen=True)
@@ -106,3 +109,28 @@ def score_front(points: Any, reference_set: Any, eval_reference: Any) -> FrontSc
     inside = front[(front < r).all(axis=1)]
     hv = float(mc.hypervolume(inside, ref=r)) if len(inside) else 0.0
     return FrontScore(len(front), hv, float(mc.igd_plus(front, ref=z)), float(mc.epsilon_additive(front, ref=z)))
+
+
+def attainment(fronts: Any, percentiles: Any = (0, 50, 100)) -> dict[float, np.ndarray]:
+    """The empirical attainment surfaces of several fronts (one per seed; minimisation), through moocore.
+
+    The ``p``-% surface bounds the region of the loss space that at least ``p`` % of the fronts weakly
+    dominate (López-Ibáñez et al., 2010): ``0`` -- some seed reached it (the best), ``50`` -- the median,
+    ``100`` -- every seed did (the worst). Returns ``{p: points [k, m]}`` (``m <= 3``; a surface no
+    point reaches is left out).
+    """
+    sets = [_points(f, "fronts[i]") for f in fronts]
+    if not sets:
+        raise ValueError("attainment needs at least one front")
+    m = sets[0].shape[1]
+    if m > 3 or any(s.shape[1] != m for s in sets):
+        raise ValueError(f"attainment surfaces need fronts of one dimension m <= 3, got {[s.shape[1] for s in sets]}")
+    points = np.vstack(sets)
+    ids = np.concatenate([np.full(len(s), i + 1) for i, s in enumerate(sets)])
+    out = _moocore().eaf(points, ids, percentiles=list(percentiles))
+    surfaces = {}
+    for p in percentiles:
+        rows = out[np.isclose(out[:, -1], p)][:, :-1]
+        if len(rows):
+            surfaces[float(p)] = rows
+    return surfaces

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -240,14 +241,28 @@ def object_problem(value: Any) -> str | None:
     return None if isinstance(value, dict) else "not a JSON object"
 
 
+def _front_aim(variant: list[Any]) -> bool:
+    """Whether ``variant`` is a front run's ``["front", [u, delta]]``: ``u`` finite positive numbers,
+    ``delta`` a finite positive number or null."""
+    if variant[0] != "front" or not isinstance(variant[1], list) or len(variant[1]) != 2:
+        return False
+    u, delta = variant[1]
+    number = (int, float)
+    return (isinstance(u, list) and len(u) >= 2
+            and all(isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in u)
+            and (delta is None or (isinstance(delta, number) and not isinstance(delta, bool)
+                                   and math.isfinite(delta) and delta > 0)))
+
+
 def job_problem(job: Any) -> str | None:
     """Why a parsed ``grid-job.json`` cannot be used, or None."""
     if not isinstance(job, dict):
         return "not a JSON object"
     variant = job.get("variant")
     if not (variant is None or variant == [] or (isinstance(variant, list) and len(variant) == 2
-                                                  and isinstance(variant[1], (str, int, float)))):
-        return "'variant' is not [key, value] or null"
+                                                  and (isinstance(variant[1], (str, int, float))
+                                                       or _front_aim(variant)))):
+        return "'variant' is not [key, value], a front run's [\"front\", [u, delta]] or null"
     if job.get("ablation") is not None and not isinstance(job["ablation"], str):
         return "'ablation' is not a string"
     return None

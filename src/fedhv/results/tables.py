@@ -32,10 +32,11 @@ from fedhv.results.paper_data import paper_stat, paper_value, setting_difference
 from fedhv.results.table_model import Cell, Record, Table, rank
 from fedhv.results.tables_extra import table12, table_fairness, table_theory
 from fedhv.results.tables_field import table_ranks
+from fedhv.results.tables_front import table_front, table_margin
 
 TABLES: tuple[str, ...] = ("1", "8", "9", "11", "7", "10", "12", "13", "fairness", "theory")
-#: Tables made only when named (``--table ranks``), not by ``--table all``: the field comparison.
-EXTRA_TABLES: tuple[str, ...] = ("ranks",)
+#: Tables made only when named (``--table ranks``), not by ``--table all``: the field comparison and the fronts.
+EXTRA_TABLES: tuple[str, ...] = ("ranks", "front", "margin")
 #: The methods the paper ranks in Tables 9 and 11 (it has no Uniform column there).
 PAPER_RANKED: tuple[str, ...] = ("fsmgda", "fedcmoo", "fedhv")
 #: Label of the difference row that replaces Δ when the runs' setting is not the paper's.
@@ -465,6 +466,7 @@ def build_tables(runs: Sequence[Run], which: Sequence[str] = TABLES, paper: bool
     builders: dict[str, Callable[[Sequence[Run], bool], Any]] = {
         "1": table1, "8": table8, "9": table9, "11": table11, "7": table7, "10": table10, "13": table13,
         "12": table12, "fairness": table_fairness, "theory": table_theory, "ranks": table_ranks,
+        "front": table_front, "margin": table_margin,
     }
     out: list[Table] = []
     for key in which:

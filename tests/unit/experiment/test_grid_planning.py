@@ -130,9 +130,12 @@ def test_calibration_is_shared_exactly_where_the_paper_shares_it(tmp_path: Path)
                         ["uniform", "fedhv"], [0, 42, 2026], tmp_path)
     names = sorted(Path(c.path).name.split("-")[0] for c in cals)
     assert names == ["celeba5", "cifar10", "multimnist"]  # one per family (paper B.8)
-    _, cals = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path, ["calibration.margin=0.3"])
+    _, cals = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path, ["calibration.rounds=10"])
     _, cals_default = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path)
     assert cals[0].path != cals_default[0].path  # a different calibration is not reused
+    # the margin only shifts r = max F + margin, which each run applies itself: one calibration for every margin
+    _, cals_margin = plan_grid(["multimnist"], ["fedhv"], [0], tmp_path, ["calibration.margin=0.3"])
+    assert [c.path for c in cals_margin] == [c.path for c in cals_default]
 
 
 def test_the_server_lr_sweep_scales_each_methods_own_rate(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_each_round_sends_what_the_simulators_rule_gives(method: Any) -> None:
     cal = [h for h in strategy.history if h["phase"] == "calibration"]
     run = [h for h in strategy.history if h["phase"] == "train"]
     assert len(run) == 5 and len(cal) == (2 if method.uses_calibration() else 0)
-    calibration = StrategyCalibration([0.0, 0.0], {"0": [h["report"] for h in cal]}) if cal else None
+    calibration = StrategyCalibration([0.0, 0.0], {"0": [h["report"] for h in cal]}, [0.0, 0.0], 0.0) if cal else None
     expected = simulator_weights(method, [h["report"] for h in run], seed=5, calibration=calibration)
     np.testing.assert_allclose([h["weights"] for h in run], expected, rtol=1e-12, atol=1e-15)
     assert len({tuple(np.round(w, 12)) for w in expected}) > (1 if method.name != "linear" else 0)

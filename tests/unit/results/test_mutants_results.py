@@ -52,6 +52,9 @@ def _propagate(caplog: pytest.LogCaptureFixture) -> None:
 # --------------------------------------------------------------------------- run directories
 
 
+BAD_VARIANT = "'variant' is not [key, value], a front run's [\"front\", [u, delta]] or null"
+
+
 @pytest.mark.parametrize(("config", "summary", "job", "file", "reason"), [
     (CONFIG.replace('setting = "multimnist"', "setting = 3"), None, None, "config.toml", "'setting' is not a string"),
     (CONFIG.replace("seed = 1", 'seed = "x"'), None, None, "config.toml", "'seed' is not an integer"),
@@ -62,7 +65,9 @@ def _propagate(caplog: pytest.LogCaptureFixture) -> None:
     (CONFIG, {**SUMMARY, "task_acc": ["x"]}, None, "summary.json", "'task_acc' is not a list of numbers"),
     (CONFIG, [1], None, "summary.json", "not a JSON object"),
     (CONFIG, None, [1], "grid-job.json", "not a JSON object"),
-    (CONFIG, None, {"variant": [1]}, "grid-job.json", "'variant' is not [key, value] or null"),
+    (CONFIG, None, {"variant": [1]}, "grid-job.json", BAD_VARIANT),
+    (CONFIG, None, {"variant": ["front", [[0.5, 0.0], 0.15]]}, "grid-job.json", BAD_VARIANT),
+    (CONFIG, None, {"variant": ["front", [[0.5, 0.5], -1]]}, "grid-job.json", BAD_VARIANT),
     (CONFIG, None, {"ablation": 3}, "grid-job.json", "'ablation' is not a string"),
 ])
 def test_damaged_file_is_skipped_with_its_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture, config: str,

@@ -1,0 +1,113 @@
+"""``fedhv table --table front,margin`` on hand-made front runs: the indicators against their numpy
+definitions (2-D hypervolume by sweeping the sorted points, IGD+ and ε+ as written in Ishibuchi et al.
+and Zitzler et al.), "beyond Linear" and the margin table worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedhv.results.collect import find_runs
+from fedhv.results.tables import build_tables
+
+U = [(0.25, 0.75), (0.5, 0.5), (0.75, 0.25)]
+#: family folder -> seed -> the final test-loss vector per direction of U
+LOSSES = {
+    "margin=0.15/fedhv": {0: [(0.9, 0.2), (0.5, 0.5), (0.2, 1.0)], 1: [(1.0, 0.25), (0.55, 0.5), (0.3, 0.9)]},
+    "margin=1/fedhv": {0: [(0.7, 0.4), (0.5, 0.45), (0.45, 0.6)], 1: [(0.8, 0.35), (0.6, 0.5), (0.5, 0.6)]},
+    "linear": {0: [(0.6, 0.3), (0.5, 0.55), (0.35, 0.8)], 1: [(0.7, 0.3), (0.6, 0.6), (0.4, 0.8)]},
+}
+ACC = {0.15: [(91.0, 89.0), (90.8, 89.4)], 1.0: [(90.0, 88.0), (90.2, 88.6)]}
+
+
+def _write(root: Path) -> None:
+    for fam, seeds in LOSSES.items():
+        method = fam.split("/")[-1]
+        delta = float(fam.split("/")[0].split("=")[1]) if "/" in fam else None
+        for seed, points in seeds.items():
+            for u, loss in zip(U, points):
+                folder = root / "multimnist" / "front" / f"u={u[0]:g},{u[1]:g}" / fam / f"s{seed}"
+                folder.mkdir(parents=True)
+                (folder / "config.toml").write_text(f'setting = "multimnist"\nmethod = "{method}"\nseed = {seed}\n')
+                acc = ACC[delta][seed] if delta is not None and u == (0.5, 0.5) else (90.0, 88.0)
+                summary = {"setting": "multimnist", "method": method, "seed": seed, "tasks": ["L", "R"],
+                           "task_loss": list(loss), "hv_reference": [3.0, 3.0], "mean_acc": sum(acc) / 2,
+                           "worst_acc": min(acc), "hv": (3 - loss[0]) * (3 - loss[1])}
+                if method == "linear":
+                    summary["label"] = "Linear"
+                (folder / "summary.json").write_text(json.dumps(summary))
+                (folder / "grid-job.json").write_text(json.dumps(
+                    {"setting": "multimnist", "method": method, "seed": seed, "ablation": "front",
+                     "variant": ["front", [list(u), delta]]}))
+
+
+def _nondominated(p: np.ndarray) -> np.ndarray:
+    keep = [i for i in range(len(p)) if not any((p[j] <= p[i]).all() and (p[j] < p[i]).any() for j in range(len(p)))]
+    return p[keep]
+
+
+def _hv2(p: np.ndarray, r: float = 3.0) -> float:
+    """2-D hypervolume: sweep the non-dominated points by their first loss."""
+    front = _nondominated(p)
+    front = front[np.argsort(front[:, 0])]
+    area, top = 0.0, r
+    for x, y in front:
+        area += (r - x) * (top - y)
+        top = y
+    return area
+
+
+def _igd_plus(p: np.ndarray, z: np.ndarray) -> float:
+    return float(np.mean([min(np.linalg.norm(np.maximum(a - b, 0)) for a in p) for b in z]))
+
+
+def _eps(p: np.ndarray, z: np.ndarray) -> float:
+    return float(max(min(np.max(a - b) for a in p) for b in z))
+
+
+def test_front_indicators_equal_their_definitions(tmp_path: Path) -> None:
+    _write(tmp_path)
+    runs, _ = find_runs(tmp_path)
+    tables = build_tables(runs, ["front"])
+    assert [t.slug for t in tables] == ["multimnist-front"]
+    (table,) = tables
+    records = {(r.method, r.metric): r.ours for r in table.records}
+    z = _nondominated(np.array([p for seeds in LOSSES.values() for pts in seeds.values() for p in pts]))
+    for fam, seeds in LOSSES.items():
+        key = fam.split("/")[-1] if "/" not in fam else f"fedhv@margin={fam.split('/')[0].split('=')[1]}"
+        for metric, oracle in (("hv", _hv2), ("igd_plus", lambda p: _igd_plus(_nondominated(p), z)),
+                               ("eps_add", lambda p: _eps(_nondominated(p), z))):
+            per_seed = [oracle(np.array(pts)) for _, pts in sorted(seeds.items())]
+            stat = records[(key, f"front_{metric}")]
+            assert stat is not None and stat.n == 2
+            np.testing.assert_allclose(stat.values, per_seed, rtol=1e-12, atol=1e-15)
+    rows = {labels[0]: [c.plain(with_std=False) for c in row] for labels, row in zip(table.labels, table.rows)}
+    assert list(rows) == ["FedHV δ=0.15", "FedHV δ=1", "Linear"]
+    # seed 0: all three FedHV δ=0.15 points are non-dominated and none is weakly dominated by Linear's
+    # (0.6,0.3) (0.5,0.55) (0.35,0.8); seed 1: (1.0,0.25), (0.55,0.5), (0.3,0.9) likewise -> 3 and 3.
+    # FedHV δ=1 seed 0: (0.7,0.4) is dominated by Linear's (0.6,0.3); (0.5,0.45) and (0.45,0.6) are not -> 2;
+    # seed 1: (0.8,0.35), (0.6,0.5), (0.5,0.6): (0.8,0.35) by (0.7,0.3); the others not -> 2.
+    assert rows["FedHV δ=0.15"][-1] == "3.0" and rows["FedHV δ=1"][-1] == "2.0" and rows["Linear"][-1] == "–"
+    assert rows["FedHV δ=0.15"][0] == "3" and rows["Linear"][1] == "3.0"
+    # lowest loss per task, mean over seeds: FedHV δ=0.15 (0.2 + 0.3) / 2, (0.2 + 0.25) / 2
+    assert rows["FedHV δ=0.15"][5] == "0.2500 / 0.2250"
+
+
+def test_the_margin_table_takes_fedhvs_uniform_direction_runs(tmp_path: Path) -> None:
+    _write(tmp_path)
+    runs, _ = find_runs(tmp_path)
+    (table,) = build_tables(runs, ["margin"])
+    rows = {labels[0]: [c.plain(with_std=False) for c in row] for labels, row in zip(table.labels, table.rows)}
+    assert list(rows) == ["0.15", "1"]
+    # MeanAcc (91 + 89) / 2 and (90.8 + 89.4) / 2 -> 90.05; WorstAcc (89.0 + 89.4) / 2
+    assert rows["0.15"][:2] == ["90.05", "89.20"] and rows["1"][:2] == ["89.20", "88.30"]
+    # HV of the uniform-direction points: (3-0.5)(3-0.5) and (3-0.55)(3-0.5), mean
+    assert rows["0.15"][2] == f"{((2.5 * 2.5) + (2.45 * 2.5)) / 2:.3f}" and rows["0.15"][3] == "2"
+
+
+def test_front_runs_stay_out_of_the_other_tables(tmp_path: Path) -> None:
+    _write(tmp_path)
+    runs, _ = find_runs(tmp_path)
+    assert build_tables(runs, ["1", "10", "ranks"]) == []
