@@ -9,7 +9,9 @@
   named ``fig20-wallclock-cifar10-mnist-b`` (:data:`PAPER_FIGURES`);
 - ``ablation-<setting>-<parameter>``: FedHV MeanAcc curves of an ablation sweep;
 - ``bars-<setting>`` (paper Figure 2), ``diagnostics-<setting>`` and ``fairness-<setting>``:
-  :mod:`fedhv.results.plots_diagnostics`.
+  :mod:`fedhv.results.plots_diagnostics`;
+- ``front-<setting>-loss`` / ``-accuracy``: the fronts of a front sweep (``fedhv grid --front``) with
+  attainment bands, :mod:`fedhv.results.plots_front`.
 
 A band is drawn where at least two seeds exist; a curve keeps the rounds all its seeds have,
 with markers where it has at most :data:`SPARSE` points. Round axes have integer ticks.
@@ -57,6 +59,7 @@ from fedhv.results.plot_style import round_axis as _round_axis
 from fedhv.results.plot_style import save as _save
 from fedhv.results.plot_style import series as _series
 from fedhv.results.plots_diagnostics import diagnostics_curves, fairness_curves, final_task_bars
+from fedhv.results.plots_front import front_figures
 
 __all__ = ["COLORS", "EXTRA_COLORS", "METRICS", "PAPER_FIGURES", "SIZES", "SPARSE", "PlotDependencyError",
            "PlotSizeError", "ablation_curves", "build_figures", "diagnostics_curves", "fairness_curves",
@@ -217,6 +220,7 @@ def build_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str
             if fig is not None:
                 yield _stem(kind, setting), fig
     yield from ablation_curves(runs, size)
+    yield from front_figures(runs, size)
 
 
 def make_figures(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png", "pdf"),

@@ -33,7 +33,8 @@ def _write(root: Path) -> None:
                 (folder / "config.toml").write_text(f'setting = "multimnist"\nmethod = "{method}"\nseed = {seed}\n')
                 acc = ACC[delta][seed] if delta is not None and u == (0.5, 0.5) else (90.0, 88.0)
                 summary = {"setting": "multimnist", "method": method, "seed": seed, "tasks": ["L", "R"],
-                           "task_loss": list(loss), "hv_reference": [3.0, 3.0], "mean_acc": sum(acc) / 2,
+                           "task_loss": list(loss), "task_acc": list(acc), "hv_reference": [3.0, 3.0],
+                           "mean_acc": sum(acc) / 2,
                            "worst_acc": min(acc), "hv": (3 - loss[0]) * (3 - loss[1])}
                 if method == "linear":
                     summary["label"] = "Linear"
@@ -111,3 +112,22 @@ def test_front_runs_stay_out_of_the_other_tables(tmp_path: Path) -> None:
     _write(tmp_path)
     runs, _ = find_runs(tmp_path)
     assert build_tables(runs, ["1", "10", "ranks"]) == []
+
+
+def test_the_front_figure_draws_the_median_attainment_surface(tmp_path: Path) -> None:
+    from fedhv.results.plots import build_figures
+
+    _write(tmp_path)
+    runs, _ = find_runs(tmp_path)
+    figures = dict(build_figures(runs))
+    assert sorted(figures) == ["front-multimnist-accuracy", "front-multimnist-loss"]
+    ax = figures["front-multimnist-loss"].axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "FedHV δ=0.15"]
+    # attained by at least one of the two seeds: the non-dominated union (0.2, 1), (0.3, 0.9), (0.5, 0.5), (0.9, 0.2)
+    # ((0.55, 0.5) and (1.0, 0.25) are dominated), drawn as the staircase bounding what they dominate
+    assert list(line.get_xdata()) == [0.2, 0.3, 0.3, 0.5, 0.5, 0.9, 0.9]
+    assert list(line.get_ydata()) == [1.0, 1.0, 0.9, 0.9, 0.5, 0.5, 0.2]
+    import matplotlib.pyplot as plt
+
+    for fig in figures.values():
+        plt.close(fig)
