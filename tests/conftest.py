@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# Nothing in the suite may reach a hub: Hugging Face datasets and hub stay offline in every test process.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 #: What the tests share besides fixtures (``helpers``, ``flower_support``, the user benchmarks the
 #: tests' runs import by name, e.g. ``bn_benchmark:make_benchmark``): importable as top-level

@@ -282,6 +282,71 @@ class FederatedDataset:
         data.extra["source"] = {"train": type(train).__name__, "test": None if test is None else type(test).__name__}
         return data
 
+    @classmethod
+    def from_hf(cls, dataset: Any, tasks: Sequence[Task | str], *, features: str | Sequence[str],
+                targets: dict[str, str] | None = None, partitioner: Any = None, test: Any | None = None,
+                partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
+                samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
+                strata: TensorLike | None = None, ids: str | None = None, cache: bool = True,
+                progress: bool = True) -> FederatedDataset:
+        """A Hugging Face ``datasets.Dataset`` split among clients (``pip install 'fedhv[hf]'``).
+
+        Parameters
+        ----------
+        dataset, test : datasets.Dataset
+            Training rows and, optionally, test rows with the same columns (one split each: a
+            ``DatasetDict`` is refused naming its splits).
+        tasks : sequence of Task or str
+            A bare name over a ``ClassLabel`` or integer column is a classification task sized by the
+            column (:func:`fedhv.data.hf.resolve_tasks`).
+        features : str or sequence of str
+            The input column: images (decoded once and cached), a fixed-shape array column, or
+            several numeric columns stacked.
+        targets : dict, optional
+            ``{task name: column}`` where a task's column is not named like the task.
+        partitioner : flwr_datasets.partitioner.Partitioner, optional
+            Decides the clients (partition ``c`` = client ``c``; a ``NaturalIdPartitioner``'s ids
+            become :attr:`client_ids`). Without it, ``partition``, ``clients``,
+            ``samples_per_client``, ``alpha``, ``seed``, ``strata`` act as in :meth:`from_tensors`, and
+            ``ids`` names the natural-id column of ``partition="ids"``.
+        cache : bool
+            Keep decoded images in fedhv's cache folder (keyed by the dataset's fingerprint).
+        """
+        from fedhv.data.hf import check_dataset, input_tensor, partition_rows, resolve_tasks, target_tensors
+
+        check_dataset(dataset)
+        ts, columns = resolve_tasks(dataset, tasks, targets)
+        x, source = input_tensor(dataset, features, cache, progress)
+        y = target_tensors(dataset, ts, columns)
+        test_t = None
+        if test is not None:
+            check_dataset(test, "test")
+            test_t = (input_tensor(test, features, cache, progress)[0], target_tensors(test, ts, columns))
+        if partitioner is not None:
+            given = {"partition": partition != "dirichlet", "clients": clients is not None, "ids": ids is not None,
+                     "samples_per_client": samples_per_client is not None, "strata": strata is not None}
+            if any(given.values()):
+                raise ConfigError(f"{', '.join(k for k, v in given.items() if v)}: the partitioner decides the clients; "
+                                  "drop these or the partitioner")
+            rows, natural = partition_rows(dataset, partitioner)
+            data = cls.from_tensors(x, y, ts, partition=[r.tolist() for r in rows], test=test_t)
+            if natural is not None:
+                data.client_ids = natural
+            source["partitioner"] = type(partitioner).__name__
+        else:
+            id_values = None
+            if ids is not None:
+                if ids not in dataset.column_names:
+                    raise ConfigError(f"ids column {ids!r} is not in the dataset (columns: "
+                                      f"{', '.join(dataset.column_names)}); give one of them")
+                id_values = np.asarray(dataset[ids])
+            data = cls.from_tensors(x, y, ts, partition=partition, clients=clients,
+                                    samples_per_client=samples_per_client, alpha=alpha, seed=seed, strata=strata,
+                                    ids=id_values, test=test_t)
+        data.extra["source"] = {"hf": getattr(dataset, "_fingerprint", None), "features": features, **{
+            k: v for k, v in source.items() if k != "cache"}}
+        return data
+
     def provenance(self) -> dict[str, Any]:
         """What ``environment.json`` records about the data (``"data"``)."""
         sizes = self.client_sizes
