@@ -100,3 +100,20 @@ def test_fine_tune_example_keeps_the_encoder_frozen_and_its_scores_are_plain_pyt
         assert fedhv_scores[0] == pytest.approx(plain[0], abs=1e-4)  # accuracy (%)
         assert fedhv_scores[1] == pytest.approx(plain[1], rel=1e-5)  # MSE: float32 outputs, float64 means
         assert plain[0] > 55  # the majority class is 50 %: the heads learned on the frozen features
+
+
+@pytest.mark.deploy
+@pytest.mark.needs_data
+def test_hf_parquet_writers_example_natural_clients_from_a_partitioner_and_both_methods_learn() -> None:
+    """Issue 42's example: a local parquet dataset read offline, one client per writer through Flower Datasets'
+    NaturalIdPartitioner; FedHV moves its weights, Uniform keeps 1/2, both learn the digit well above chance."""
+    out = _run("hf_parquet_writers.py")
+    line = _line(out, "clients ")
+    assert line.startswith("clients 24 (writer-00 ... writer-23)") and "x (1200, 1, 28, 28)" in line
+    assert "tasks [('digit', 10), ('high', 2)]" in line
+    low, high = (int(v) for v in re.search(r"sizes (\d+) \.\. (\d+)", line).groups())  # type: ignore[union-attr]
+    assert 0 < low < high  # writers of unequal sizes
+    for method in ("fedhv", "uniform"):
+        scores, weights = _numbers(_line(out, f"{method}: "))
+        assert scores[0] > 30 and scores[1] > 55, scores  # chance: 10 % and about 50 %
+        assert (weights == [0.5, 0.5]) == (method == "uniform") and sum(weights) == pytest.approx(1, abs=2e-3)
