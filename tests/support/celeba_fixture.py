@@ -11,8 +11,13 @@ from PIL import Image
 from fedhv.data.celeba import ATTRIBUTES
 
 
-def make_celeba(root: Path, n: int = 120, csv: bool = False, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Write ``n`` images (70 % train, 15 % val, 15 % test) under ``root``; return (attrs, splits)."""
+def make_celeba(root: Path, n: int = 120, csv: bool = False, seed: int = 0,
+                identities: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Write ``n`` images (70 % train, 15 % val, 15 % test) under ``root``; return (attrs, splits).
+
+    ``identities > 0``: also ``Anno/identity_CelebA.txt`` assigning the images to that many celebrities
+    with unequal counts (identity ``k`` drawn with probability ``∝ 1 / (k + 1)``).
+    """
     rng = np.random.default_rng(seed)
     (root / "img_align_celeba").mkdir(parents=True)
     attrs = np.where(rng.random((n, 40)) < 0.4, 1, -1)
@@ -37,4 +42,9 @@ def make_celeba(root: Path, n: int = 120, csv: bool = False, seed: int = 0) -> t
         ]
         (root / "list_attr_celeba.txt").write_text("\n".join(rows) + "\n")
         (root / "list_eval_partition.txt").write_text("".join(f"{name} {s}\n" for name, s in zip(names, splits)))
+    if identities:
+        weights = 1.0 / np.arange(1, identities + 1)
+        who = rng.choice(identities, size=n, p=weights / weights.sum()) + 1
+        (root / "Anno").mkdir()
+        (root / "Anno" / "identity_CelebA.txt").write_text("".join(f"{name} {k}\n" for name, k in zip(names, who)))
     return (attrs > 0).astype(np.int8), splits

@@ -90,6 +90,12 @@ class PartitionConfig:
     sizes: str = "equal"
     size_sigma: float = 1.0
     min_samples: int = 1
+    #: ``"dirichlet"`` (the paper's rule, the keys above) or ``"identity"``: a natural federation, the
+    #: benchmark's identities (CelebA: ``identity_CelebA.txt``) with at least ``min_identity_images``
+    #: training images (LEAF's 5) grouped into ``clients`` clients
+    #: (:func:`fedhv.data.partition.identity_partition`; ``samples_per_client``, ``alpha``, ``strata`` unused).
+    by: str = "dirichlet"
+    min_identity_images: int = 5
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,10 @@ def _sections(cfg: RunConfig) -> None:
         cfg.section(cfg.method).check()
 
 
+#: ``partition.by``: the paper's Dirichlet rule or a benchmark's natural identities.
+PARTITION_RULES = ("dirichlet", "identity")
+
+
 def validate_partition_keys(cfg: RunConfig) -> None:
     """The checks of the values a partition depends on (``data.val_fraction``, ``partition.*``
     sizes and concentration); part of :func:`validate`, and all that ``fedhv partition-stats``
@@ -135,6 +139,9 @@ def validate_partition_keys(cfg: RunConfig) -> None:
                           "samples_per_client), e.g. 1.0")
     if p.min_samples < 1:
         raise ConfigError(f"partition.min_samples = {p.min_samples} must be >= 1")
+    choice("partition.by", p.by, PARTITION_RULES)
+    if p.min_identity_images < 1:
+        raise ConfigError(f"partition.min_identity_images = {p.min_identity_images} must be >= 1 (LEAF: 5)")
 
 
 def validate(cfg: RunConfig, import_code: bool = True) -> None:
@@ -196,7 +203,7 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
     if t.batch_size < 1:
         raise ConfigError(f"train.batch_size = {t.batch_size} must be >= 1")
     _at_most("train.batch_size", t.batch_size, MAX_BATCH_SIZE, "lower it (a batch is at most one client's samples)")
-    if t.batch_size > p.samples_per_client and p.sizes == "equal":  # unequal sizes: the small-client rule
+    if t.batch_size > p.samples_per_client and p.sizes == "equal" and p.by == "dirichlet":  # else: the small-client rule
         raise ConfigError(
             f"train.batch_size = {t.batch_size} exceeds partition.samples_per_client = "
             f"{p.samples_per_client}; batches drop the last partial batch, so no batch could be drawn"

@@ -255,6 +255,9 @@ class BenchmarkSpec:
     objective: Objective = CLASSIFICATION
     version: int = 2
     model: str = "lenet"
+    #: The natural identity of every training sample (``root -> ids [n_train]``) for ``partition.by =
+    #: "identity"``; ``None``: the benchmark has none.
+    identities: Callable[[str | None], np.ndarray] | None = None
 
 
 def _cifar_mnist(root: str | None, download: bool, pair_seed: int) -> dict[str, np.ndarray]:
@@ -270,6 +273,14 @@ def _celeba5(root: str | None, download: bool, pair_seed: int) -> dict[str, np.n
         warnings.filterwarnings("ignore", message=".*not the full CelebA")
         data = load_celeba(root)
     return {f"{split}_{k}": v for split, pair in data.items() for k, v in zip(("x", "y"), pair)}
+
+
+def _celeba_identities(root: str | None) -> np.ndarray:
+    from fedhv.data.celeba import train_identities
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not the full CelebA")
+        return train_identities(root)
 
 
 BENCHMARKS.register("multimnist", BenchmarkSpec(
@@ -290,7 +301,7 @@ BENCHMARKS.register("celeba5", BenchmarkSpec(
     tuple(v / 255.0 for v in (72.39239876, 82.90891754, 73.15835921)), (1.0, 1.0, 1.0), Augment(),
     MultiLabel(((0, 9, 3, 15, 22, 33, 25, 29), (1, 8, 7, 10, 16, 32, 26, 34), (2, 11, 12, 14, 21, 28, 35, 39),
                 (4, 6, 13, 18, 19, 20, 30, 31), (5, 17, 23, 24, 27, 36, 37, 38))),
-    model="resnet18-gn",
+    model="resnet18-gn", identities=lambda root: _celeba_identities(root),
 ))
 
 #: The benchmark registry (kept under its former name for existing callers).

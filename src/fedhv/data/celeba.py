@@ -130,6 +130,44 @@ def read_partition(root: Path, data: Path | None = None) -> dict[str, int]:
     return {name: int(split) for name, split in rows}
 
 
+#: CelebA's identity list (``Anno/identity_CelebA.txt``: ``NNNNNN.jpg <identity>`` per line), read from the
+#: CelebA folder or its ``Anno/`` sub-folder.
+IDENTITY_FILE = "identity_CelebA.txt"
+
+
+def train_identities(root: str | Path | None = None) -> np.ndarray:
+    """The identity of every CelebA training image, in the training split's order (:func:`load_celeba`'s:
+    sorted file names with both annotations and partition ``0``).
+
+    Raises
+    ------
+    DataError
+        When ``identity_CelebA.txt`` is missing, unreadable, or lacks a training image.
+    """
+    top = data_root(root)
+    base = _find_root(top)
+    path = next((c for c in (base / IDENTITY_FILE, base / "Anno" / IDENTITY_FILE) if c.is_file()), None)
+    if path is None:
+        raise DataError(f"{base}: no {IDENTITY_FILE} (CelebA's Anno/ folder) next to img_align_celeba/; a partition "
+                        "by identity (partition.by = \"identity\", the celeba5-identity preset) needs it")
+    identity: dict[str, str] = {}
+    for number, line in enumerate(_text(path, top).splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise DataError(f"{path}: line {number} is {line!r}, expected '<image> <identity>'; replace the file")
+        identity[fields[0]] = fields[1]
+    attrs, parts = read_attributes(base, top), read_partition(base, top)
+    chosen = [n for n in sorted(set(attrs) & set(parts)) if parts[n] == 0]
+    missing = [n for n in chosen if n not in identity]
+    if missing:
+        raise DataError(f"{path} names no identity for {len(missing)} training image(s), e.g. {missing[0]}; replace "
+                        "the file with CelebA's full identity list")
+    values = [identity[n] for n in chosen]
+    return np.asarray([int(v) for v in values] if all(v.isdigit() for v in values) else values)
+
+
 def load_celeba(root: str | Path | None = None, size: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """CelebA splits as ``(images uint8 [n, size, size, 3], attributes int8 [n, 40])``."""
     top = data_root(root)

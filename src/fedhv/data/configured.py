@@ -15,9 +15,9 @@ import torch
 
 from fedhv.config.schema import RunConfig
 from fedhv.data.augment import Augment
-from fedhv.data.benchmarks import Benchmark, load_benchmark
+from fedhv.data.benchmarks import BENCHMARKS, Benchmark, BenchmarkSpec, load_benchmark
 from fedhv.data.federated import FederatedData
-from fedhv.data.partition import client_sizes, dirichlet_partition
+from fedhv.data.partition import client_sizes, dirichlet_partition, identity_partition
 from fedhv.data.user import user_benchmark, user_federated_data
 from fedhv.errors import ConfigError
 
@@ -58,9 +58,26 @@ def load_data(cfg: RunConfig) -> tuple[Benchmark, np.ndarray | list[np.ndarray]]
     if d.rotation_degrees is not None or d.flip_prob is not None:
         bench = dataclasses.replace(bench, augment=configured_augment(bench.augment, cfg))
     p = cfg.partition
+    if p.by == "identity":
+        return bench, identity_parts(cfg, len(bench.train_y))
     strata = bench.strata(p.strata)
     parts = dirichlet_partition(strata, p.clients, partition_sizes(cfg, len(strata)), p.alpha, p.seed)
     return bench, parts
+
+
+def identity_parts(cfg: RunConfig, n_train: int) -> list[np.ndarray]:
+    """``partition.by = "identity"``: the benchmark's identities grouped into clients
+    (:func:`fedhv.data.partition.identity_partition`)."""
+    d, p = cfg.data, cfg.partition
+    spec = BENCHMARKS.get(d.benchmark)
+    if not isinstance(spec, BenchmarkSpec) or spec.identities is None:
+        with_ids = [name for name in BENCHMARKS.names() if getattr(BENCHMARKS.get(name), "identities", None)]
+        raise ConfigError(f"partition.by = \"identity\": {d.benchmark} has no natural identities (benchmarks with "
+                          f"them: {', '.join(with_ids)}); use partition.by = \"dirichlet\"")
+    ids = spec.identities(d.root)
+    if len(ids) != n_train:
+        raise ConfigError(f"{d.benchmark}: {len(ids)} identities for {n_train} training samples; rebuild the data")
+    return identity_partition(ids, p.clients, p.min_identity_images, p.seed)
 
 
 def check_batch_size(cfg: RunConfig, largest: int) -> None:

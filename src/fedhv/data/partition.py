@@ -210,3 +210,32 @@ def disjoint_dirichlet_partition(strata: np.ndarray, clients: int, alpha: float,
 def label_histograms(labels: np.ndarray, parts: np.ndarray, num_classes: int) -> np.ndarray:
     """Per-client class counts ``[N, num_classes]`` of one task's labels."""
     return np.stack([np.bincount(labels[row], minlength=num_classes) for row in parts])
+
+
+def identity_partition(groups: np.ndarray, clients: int, min_images: int, seed: int) -> list[np.ndarray]:
+    """A natural federation: the training samples' identities (a celebrity, a writer) grouped into clients.
+
+    Identities with fewer than ``min_images`` samples are left out (LEAF keeps CelebA's celebrities with at
+    least 5 images, Caldas et al., 2018); the others are shuffled (stream ``identity-groups`` of the
+    partition ``seed``) and dealt into ``clients`` groups of as equal a count of identities as possible
+    (``numpy.array_split``). Client ``c`` holds every sample of its identities, in index order: no sample is
+    shared and no identity is split.
+
+    Raises
+    ------
+    ConfigError
+        When fewer identities qualify than there are clients (naming both counts and the fix).
+    """
+    ids = np.asarray(groups)
+    keys, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    kept = np.flatnonzero(counts >= min_images)
+    if len(kept) < clients:
+        raise ConfigError(f"partition.clients = {clients} but only {len(kept)} of {len(keys)} identities have at "
+                          f"least partition.min_identity_images = {min_images} training samples; lower one of them")
+    order = numpy_rng(seed, "identity-groups").permutation(kept)
+    owner = np.full(len(keys), -1, dtype=np.int64)
+    for c, members in enumerate(np.array_split(order, clients)):
+        owner[members] = c
+    client_of = owner[inverse]
+    return [np.flatnonzero(client_of == c).astype(np.int64) for c in range(clients)]
+
