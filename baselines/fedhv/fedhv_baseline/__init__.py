@@ -1,0 +1,1 @@
+"""FedHV as a Flower Baseline: client_app, server_app, dataset (Flower Datasets), model, strategy."""
