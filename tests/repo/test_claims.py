@@ -98,8 +98,8 @@ def test_resume_of_a_completed_run_changes_nothing(paper_run: Path) -> None:
 def test_presets_and_show_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["presets"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == [
-        "celeba5-a", "celeba5-b", "cifar10-mnist-a", "cifar10-mnist-b", "mnist-fmnist", "multimnist",
-        "multimnist-xd"]
+        "celeba5-a", "celeba5-b", "celeba5-identity", "cifar10-mnist-a", "cifar10-mnist-b", "mnist-fmnist",
+        "multimnist", "multimnist-xd"]
     assert main(["show-config", "multimnist", "--method", "uniform", "--set", "train.local_steps=4"]) == 0
     shown = tomllib.loads(capsys.readouterr().out)
     # Table 5: Uniform on MultiMNIST uses 1.0 / 0.3; the override and Table 3's alpha show too.

@@ -68,12 +68,24 @@ TABLE6 = {
 
 
 def test_the_presets_are_the_papers_six_settings_and_the_cross_device_one() -> None:
-    assert sorted(preset_names()) == sorted([*TABLE3, "multimnist-xd"])
+    assert sorted(preset_names()) == sorted([*TABLE3, "multimnist-xd", "celeba5-identity"])
     xd, paper = load_config("multimnist-xd"), load_config("multimnist")
     # the cross-device preset changes only the population, participation, sizes and evaluation period
     assert (xd.partition.clients, xd.train.clients_per_round, xd.partition.sizes) == (10000, 100, "lognormal")
     assert (xd.train, xd.lr, xd.partition.alpha) == (
         dataclasses.replace(paper.train, clients_per_round=100), paper.lr, paper.partition.alpha)
+
+
+def test_the_identity_preset_is_celeba5_a_on_a_natural_federation() -> None:
+    """celeba5-identity (issue 42) changes the partition only: CelebA's celebrities with >= 5 images (LEAF) in
+    100 clients, calibrated on that partition; tasks, training, rates and the calibration's rounds as CelebA5-A."""
+    ident, a = load_config("celeba5-identity"), load_config("celeba5-a")
+    p = ident.partition
+    assert (p.by, p.clients, p.min_identity_images, p.seed) == ("identity", 100, 5, 10)
+    assert (ident.train, ident.lr, ident.rounds, ident.eval, ident.data) == (a.train, a.lr, a.rounds, a.eval, a.data)
+    c = ident.calibration
+    assert (c.rounds, c.margin, c.seeds) == (a.calibration.rounds, a.calibration.margin, a.calibration.seeds)
+    assert c.partition_for(p) == p  # calibrated on its own partition
 
 
 @pytest.mark.parametrize("setting", sorted(TABLE3))
