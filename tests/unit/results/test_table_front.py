@@ -131,3 +131,34 @@ def test_the_front_figure_draws_the_median_attainment_surface(tmp_path: Path) ->
 
     for fig in figures.values():
         plt.close(fig)
+
+
+def test_three_tasks_get_pairwise_projections_and_the_table(tmp_path: Path) -> None:
+    from fedhv.results.plots import build_figures
+
+    rng = np.random.default_rng(3)
+    for k, u in enumerate([(0.5, 0.25, 0.25), (0.25, 0.5, 0.25), (0.25, 0.25, 0.5)]):
+        for method, delta in (("fedhv", 0.15), ("linear", None)):
+            folder = tmp_path / "three" / "front" / f"u{k}" / method / "s0"
+            folder.mkdir(parents=True)
+            loss = (0.5 + rng.random(3)).tolist()
+            (folder / "config.toml").write_text(f'setting = "three"\nmethod = "{method}"\nseed = 0\n')
+            (folder / "summary.json").write_text(json.dumps({
+                "setting": "three", "method": method, "seed": 0, "tasks": ["a", "b", "c"], "task_loss": loss,
+                "task_acc": [90.0, 80.0, 70.0], "hv_reference": [3.0, 3.0, 3.0], "mean_acc": 80.0, "worst_acc": 70.0}))
+            (folder / "grid-job.json").write_text(json.dumps({"setting": "three", "method": method, "seed": 0,
+                                                              "ablation": "front", "variant": ["front", [list(u), delta]]}))
+    runs, _ = find_runs(tmp_path)
+    figures = dict(build_figures(runs))
+    fig = figures["front-three-loss"]
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in visible] == [
+        ("a test loss", "b test loss"), ("a test loss", "c test loss"), ("b test loss", "c test loss")]
+    assert all(not ax.get_lines() for ax in visible)  # no attainment surfaces above two tasks
+    (table,) = build_tables(runs, ["front"])
+    hv = {r.method: r.ours for r in table.records if r.metric == "front_hv"}
+    assert set(hv) == {"fedhv@margin=0.15", "linear"} and all(s is not None and s.mean > 0 for s in hv.values())
+    import matplotlib.pyplot as plt
+
+    for f in figures.values():
+        plt.close(f)
