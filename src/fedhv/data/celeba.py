@@ -232,6 +232,10 @@ def celeba_source(base: Path, memo: DigestMemo) -> SourceRecord | None:
             raise DataError(f"checksum mismatch for {path}: md5 {facts['md5']}, expected {expected}; replace the file")
         files.append({"path": relative(path, base), "size": facts["size"], "sha256": facts["sha256"]})
         identity.append((name, facts["sha256"]))
+    ids = next((c for c in (root / IDENTITY_FILE, root / "Anno" / IDENTITY_FILE) if c.is_file()), None)
+    if ids is not None:  # recorded (a partition by identity reads it), not part of the cache key: it makes no array
+        facts = memo.file(ids, root=base)
+        files.append({"path": relative(ids, base), "size": facts["size"], "sha256": facts["sha256"]})
     images = root / "img_align_celeba"
     facts = memo.folder(images, [p for p in images.iterdir() if p.is_file()], root=base)
     files.append({"path": relative(images, base), "files": facts["files"], "size": facts["size"],

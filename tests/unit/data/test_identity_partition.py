@@ -63,6 +63,13 @@ def test_the_celeba_identity_preset_partitions_a_celeba_folder_by_celebrity(tmp_
         for g in set(ids[rows].tolist()):
             assert sorted(rows[ids[rows] == g].tolist()) == [i for i, h in enumerate(ids) if h == g]
     assert len(parts) == 4 and cfg.partition.by == "identity"
+    # the identity file is recorded with the data's provenance (its digest), beside the annotation lists
+    (source,) = [s for s in bench.provenance["sources"] if s["dataset"] == "CelebA"]
+    recorded = {f["path"]: f for f in source["files"]}
+    import hashlib
+
+    ident = recorded["celeba/Anno/identity_CelebA.txt"]
+    assert ident["sha256"] == hashlib.sha256((base / "Anno" / "identity_CelebA.txt").read_bytes()).hexdigest()
 
 
 def test_a_partition_by_identity_needs_identities(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
