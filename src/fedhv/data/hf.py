@@ -197,11 +197,8 @@ def input_tensor(dataset: Any, features: str | Sequence[str], cache: bool = True
 
 def partition_rows(dataset: Any, partitioner: Any) -> tuple[list[np.ndarray], tuple[Any, ...] | None]:
     """Client ``c``'s rows: partition ``c`` of ``partitioner`` over ``dataset`` (and natural ids when it has them)."""
-    try:
-        from flwr_datasets.partitioner import Partitioner
-    except ImportError as exc:
-        raise ConfigError(f"partitioner= needs Flower Datasets, which is not installed: {HF_EXTRA}") from exc
-    if not isinstance(partitioner, Partitioner):
+    # duck-typed (flwr-datasets' Partitioner interface), so this module never imports flwr_datasets
+    if not all(hasattr(type(partitioner), a) for a in ("load_partition", "num_partitions", "is_dataset_assigned")):
         raise ConfigError(f"partitioner has type {type(partitioner).__name__}; pass a flwr_datasets Partitioner, e.g. "
                           "DirichletPartitioner(num_partitions=10, partition_by='label', alpha=0.5)")
     if partitioner.is_dataset_assigned():
