@@ -61,6 +61,8 @@ from fedhv.experiment.grid import (
 )
 from fedhv.experiment.grid_lock import driver_lock
 from fedhv.experiment.grid_ship import PROBE, Collector, summary_of, task_calibration, task_job, write_probe
+from fedhv.experiment.grid_watch import RAY_CHECK_ENV, runtime_env
+from fedhv.procfs import start_ticks
 from fedhv.results.runfiles import read_bytes_nofollow, write_json
 from fedhv.safe_path import scoped_environ
 
@@ -113,11 +115,6 @@ def _ray() -> Any:
     return ray
 
 
-#: Ray's interval (ms) at which a worker checks that its raylet lives; it exits at once when not. A local
-#: instance's raylet dies with a killed driver, so its workers get 10 s (Ray's default: 1 s) in which fedhv's
-#: driver watch (0.1 s, :func:`fedhv.experiment.grid_ship.watch_driver`) interrupts the run and it checkpoints
-#: (3 s was once too short on a loaded 2-core CI machine: the worker exited before its checkpoint).
-WORKER_GRACE_ENV = "RAY_raylet_death_check_interval_milliseconds"
 
 
 @contextlib.contextmanager
@@ -134,7 +131,7 @@ def loopback_only() -> Iterator[None]:
     if saved is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        with scoped_environ({LOOPBACK_ENV: "0", WORKER_GRACE_ENV: os.environ.get(WORKER_GRACE_ENV, "10000")}):
+        with scoped_environ({LOOPBACK_ENV: "0"}):
             yield
     finally:
         if saved is not None:
@@ -162,8 +159,9 @@ def check_loopback(ray: Any) -> None:
 
 
 def _connect(ray: Any, opts: RayOptions) -> bool:
-    """Start or join Ray; ``True`` when this process started a local instance (its tasks then
-    watch this process: they checkpoint and stop when it is killed)."""
+    """Start or join Ray; ``True`` when this process started a local instance (its workers then
+    watch this process: a running task checkpoints and every worker exits once it is killed,
+    :mod:`fedhv.experiment.grid_watch`)."""
     if ray.is_initialized():
         return False
     # CPU runs (num_gpus = 0) ask for no device; Ray's notice about hiding the GPUs from them is noise here
@@ -176,8 +174,11 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
         with loopback_only() if _loopback_host(address) else contextlib.nullcontext():
             ray.init(address=address, **kwargs)
         return False
-    with loopback_only():
-        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, **kwargs)  # never another's
+    # its workers end with this process, after their checkpoint, by fedhv's watch rather than Ray's
+    # raylet-death check (which would race the checkpoint): fedhv.experiment.grid_watch
+    with loopback_only(), scoped_environ({RAY_CHECK_ENV: "0"}):
+        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False,
+                 runtime_env=runtime_env(os.getpid(), start_ticks(os.getpid())), **kwargs)  # never another's
     try:
         check_loopback(ray)
     except BaseException:
@@ -219,10 +220,7 @@ def _run_locked(ray: Any, jobs: list[Job], calibrations: list[CalibrationJob], o
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     joined = ray.is_initialized()
-    local = _connect(ray, opts)
-    from fedhv.procfs import start_ticks
-
-    driver = (os.getpid(), start_ticks(os.getpid())) if local else None
+    _connect(ray, opts)
     pending: dict[Any, tuple[str, Any]] = {}
     try:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -236,7 +234,7 @@ def _run_locked(ray: Any, jobs: list[Job], calibrations: list[CalibrationJob], o
         job_task = ray.remote(task_job).options(**res)
         cal_refs: dict[str, Any] = {}
         for c in todo_cal:
-            ref = cal_task.remote(c, opts.cpus_per_run, driver)
+            ref = cal_task.remote(c, opts.cpus_per_run)
             cal_refs[c.path] = ref
             pending[ref] = ("calibration", c)
         cal_done = 0
@@ -248,7 +246,7 @@ def _run_locked(ray: Any, jobs: list[Job], calibrations: list[CalibrationJob], o
                     from fedhv.experiment.calibration import load_calibration
 
                     cal = load_calibration(j.calibration).as_dict()
-            ref = job_task.remote(j, cal, str(out), token, opts.storage, opts.cpus_per_run, collector, driver)
+            ref = job_task.remote(j, cal, str(out), token, opts.storage, opts.cpus_per_run, collector)
             pending[ref] = ("job", j)
         finished: set[str] = set()
         while pending:

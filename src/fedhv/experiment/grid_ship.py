@@ -49,6 +49,7 @@ from typing import Any
 
 from fedhv import safe_io
 from fedhv.errors import FedHVError
+from fedhv.experiment.grid_watch import task_scope
 from fedhv.results.runfiles import open_nofollow
 
 #: The probe file in the grid folder that tells a task it sees the driver's filesystem.
@@ -248,19 +249,19 @@ def _threads(cpus: float) -> None:
     torch.set_num_threads(max(1, int(cpus)))
 
 
-def task_calibration(job: Any, cpus: float, driver: tuple[int, int | None] | None = None) -> dict[str, Any]:
+def task_calibration(job: Any, cpus: float) -> dict[str, Any]:
     """A grid calibration as a Ray task: its result (the driver writes the file)."""
     from fedhv.config import load_config
     from fedhv.experiment.method_setup import resolve_reference
     from fedhv.experiment.problem import Problem
 
     _threads(cpus)
-    watch_driver(driver)
-    cfg = load_config(job.source, job.overrides)
-    problem = Problem.of(cfg)
-    _, _, result = resolve_reference(cfg, problem.data(cfg), problem=problem)
-    assert result is not None
-    return result.as_dict()
+    with task_scope():
+        cfg = load_config(job.source, job.overrides)
+        problem = Problem.of(cfg)
+        _, _, result = resolve_reference(cfg, problem.data(cfg), problem=problem)
+        assert result is not None
+        return result.as_dict()
 
 
 def _wait_unlocked(path: Path) -> None:
@@ -289,37 +290,24 @@ def _lock_within(fd: int, seconds: float) -> bool:
             time.sleep(0.2)
 
 
-def watch_driver(driver: tuple[int, int | None] | None) -> None:
-    """A local Ray instance's task stops (``KeyboardInterrupt``: the run checkpoints) once the driver
-    that started the instance is gone: the instance's raylet and GCS die with their driver, but a
-    task already running would otherwise finish its run alone. ``driver``: ``(pid, start ticks)``
-    on this machine, or ``None`` (a cluster: Ray ends a dead driver's tasks itself)."""
-    if driver is None:
-        return
-    import _thread
-    import threading
-
-    from fedhv.procfs import alive
-
-    def watch() -> None:
-        while alive(*driver):
-            time.sleep(0.1)  # well within the workers' raylet-death check (grid_ray.WORKER_GRACE_ENV)
-        _thread.interrupt_main()
-
-    threading.Thread(target=watch, name="fedhv-driver-watch", daemon=True).start()
-
-
 def task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str, storage: str, cpus: float,
-             collector: Any, driver: tuple[int, int | None] | None = None) -> dict[str, Any]:
+             collector: Any) -> dict[str, Any]:
     """A grid run as a Ray task: resumed when a copy of it exists, shipped back unless the
-    driver's folder is shared. Returns the run's summary plus ``"storage"``."""
+    driver's folder is shared. Returns the run's summary plus ``"storage"``. A local instance's
+    task ends its process once its driver is gone (:mod:`fedhv.experiment.grid_watch`)."""
+    with task_scope():
+        return _task_job(job, calibration, root, token, storage, cpus, collector)
+
+
+def _task_job(job: Any, calibration: dict[str, Any] | None, root: str, token: str, storage: str, cpus: float,
+              collector: Any) -> dict[str, Any]:
+    """:func:`task_job` within its task scope."""
     import ray
 
     from fedhv.experiment.calibration import CalibrationResult
     from fedhv.experiment.grid import run_job
 
     _threads(cpus)
-    watch_driver(driver)
     mode = _storage(root, token, storage)
     rel = os.path.relpath(job.run_dir, root)
     cal = None if calibration is None else CalibrationResult.from_dict(calibration, source=job.calibration or "")

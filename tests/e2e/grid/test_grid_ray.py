@@ -245,6 +245,13 @@ def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_com
         assert (s0 / ".test-paused").exists(), driver.communicate()[1][-3000:]
         assert not (s0 / "checkpoint.pt").exists()
         seen |= descendants(driver.pid)
+        # Ray's worker processes (retitled ray::task_job, ray::Collector, ray::IDLE; the agents are not workers)
+        workers = [p for p in seen if _cmdline(p).startswith(b"ray::") and not any(a in _cmdline(p) for a in RAY_AGENTS)]
+        assert workers, {p: _cmdline(p)[:80] for p in seen}
+        for p in workers:  # fedhv's watch ends them, not Ray's check (which raced the checkpoint)
+            environ = Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+            assert b"RAY_raylet_death_check_interval_milliseconds=0" in environ
+            assert any(e.startswith(f"FEDHV_RAY_DRIVER={driver.pid}:".encode()) for e in environ), _cmdline(p)[:80]
         state = f"test process {signal_state(os.getpid())}; driver {signal_state(driver.pid)}"
         driver.send_signal(how)
         try:
