@@ -30,7 +30,7 @@ from fedhv.data.derived import load_derived
 from fedhv.data.idx import load_fashion_mnist, load_mnist
 from fedhv.errors import ConfigError
 from fedhv.objectives import CLASSIFICATION, MultiLabel, Objective
-from fedhv.registry import BENCHMARKS
+from fedhv.registry import BENCHMARKS, resolve_benchmark
 from fedhv.rng import numpy_rng
 
 #: MNIST normalisation constants, used for both benchmarks as the reference does.
@@ -206,7 +206,7 @@ def load_benchmark(
     (:mod:`fedhv.data.derived`). ``augment`` replaces the benchmark's default training
     augmentation.
     """
-    spec = BENCHMARKS.get(benchmark)
+    spec = resolve_benchmark(benchmark)  # a module:attribute value too, so that its refusal names it as such
     if not isinstance(spec, BenchmarkSpec):
         raise ConfigError(f"data.benchmark = {benchmark!r} is a user benchmark (tensors, not image files); "
                           "fedhv partition-stats and Flower take built-in benchmarks only, use fedhv run / grid")

@@ -95,10 +95,16 @@ def check_margins(margins: Sequence[float]) -> tuple[float, ...]:
 
 
 def num_tasks_of(source: str, overrides: Sequence[str]) -> int:
-    """``m`` of a setting (its data are read, from the cache when built)."""
+    """``m`` of a setting: a user benchmark's (``module:attribute``, a registered factory) from its
+    tasks, a built-in one's from its data (read from the cache when built)."""
     from fedhv.data.configured import load_data
+    from fedhv.experiment.problem import Problem
 
-    return load_data(load_config(source, tuple(overrides)))[0].num_tasks
+    cfg = load_config(source, tuple(overrides))
+    problem = Problem.of(cfg)
+    if problem.user is not None:
+        return problem.data(cfg).num_tasks
+    return load_data(cfg)[0].num_tasks
 
 
 def _text(v: float) -> str:

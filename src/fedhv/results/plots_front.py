@@ -51,17 +51,19 @@ def _corners(x: np.ndarray) -> list[int]:
     return [0, *range(2, len(x), 2)]
 
 
-def _family_style(family: Family, families: Sequence[Family]) -> tuple[str, str]:
-    """Colour of the method; line style by the margin's place among the method's margins."""
+def _family_style(family: Family, families: Sequence[Family]) -> tuple[str, str, str]:
+    """Colour of the method; line style and marker by the margin's place among the method's margins
+    (so that two margins of one method stay apart in a scatter without attainment lines, m > 2)."""
     margins = sorted(d for m, d in families if m == family[0] and d is not None)
-    styles = ("-", "--", ":", "-.")
-    return method_color(family[0]), styles[margins.index(family[1]) % len(styles)] if family[1] is not None else "-"
+    styles, markers = ("-", "--", ":", "-."), ("o", "^", "s", "D")
+    k = margins.index(family[1]) if family[1] is not None else 0
+    return method_color(family[0]), styles[k % len(styles)], markers[k % len(markers)]
 
 
 def _plane(ax: Any, fams: dict[Family, dict[int, list[tuple[tuple[float, ...], Run]]]], key: str, sign: float,
            i: int, j: int, surfaces: bool) -> None:
     for family, seeds in fams.items():
-        color, style = _family_style(family, list(fams))
+        color, style, marker = _family_style(family, list(fams))
         per_seed = []
         for _, pairs in sorted(seeds.items()):
             pts = [v for _, r in pairs if (v := _values(r, key)) is not None]
@@ -70,20 +72,21 @@ def _plane(ax: Any, fams: dict[Family, dict[int, list[tuple[tuple[float, ...], R
         if not per_seed:
             continue
         allp = np.vstack(per_seed)
-        ax.scatter(allp[:, 0], allp[:, 1], s=10, color=color, alpha=0.5, linewidths=0)
+        ax.scatter(allp[:, 0], allp[:, 1], s=12, color=color, marker=marker, alpha=0.5, linewidths=0)
         label = family_label(family)
         if surfaces:
             surf = attainment([sign * p for p in per_seed], (0, 50, 100))
             if 50.0 in surf:
                 x, y = _staircase(surf[50.0], sign)
-                ax.plot(x, y, style, color=color, lw=1.6, label=label, marker="o", markersize=3, markevery=_corners(x))
+                ax.plot(x, y, style, color=color, lw=1.6, label=label, marker=marker, markersize=3,
+                        markevery=_corners(x))
                 label = ""
             for q in (0.0, 100.0):
                 if q in surf:
                     x, y = _staircase(surf[q], sign)
                     ax.plot(x, y, style, color=color, lw=0.6, alpha=0.6)
         if label:
-            ax.scatter([], [], s=10, color=color, label=label)
+            ax.scatter([], [], s=12, color=color, marker=marker, label=label)
 
 
 def front_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str, Any]]:

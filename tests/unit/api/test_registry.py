@@ -248,3 +248,14 @@ def test_installed_package_registers_a_benchmark_by_entry_point(tmp_path: Path) 
     missing = _cli("show-config", str(setting), cwd=tmp_path, extra_path=EXAMPLE)
     assert missing.returncode == 2 and "data.benchmark = 'toy-ep' is not supported" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_a_built_in_only_path_names_a_module_attribute_benchmark_as_a_user_benchmark(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fedhv partition-stats`` and Flower read image files: a ``module:attribute`` value is refused as a
+    user benchmark (it was once refused as an unknown name whose fix was to name it as module:attribute)."""
+    from fedhv.data.benchmarks import load_benchmark
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    with pytest.raises(ConfigError, match=r"'mypkg.tasks:make_benchmark' is a user benchmark .*use fedhv run / grid"):
+        load_benchmark("mypkg.tasks:make_benchmark")

@@ -112,3 +112,15 @@ def test_a_method_that_takes_no_direction_is_refused_before_any_run(tmp_path: Pa
     assert main(["grid", "multimnist", "--margins", "0.3", "--out", str(out)]) == 2
     assert "--margins: only with --front" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_user_benchmark_named_as_module_attribute_gets_its_front(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """m comes from the user's tasks (the front path once looked the name up among the built-ins only)."""
+    example = Path(__file__).resolve().parents[3] / "examples" / "user_benchmark"
+    monkeypatch.syspath_prepend(str(example))
+    jobs, calibrations = plan_front([str(example / "config.toml")], ["fedhv", "linear"], [0], tmp_path, (), "2",
+                                    (0.15,))
+    aims = sorted(Path(j.run_dir).relative_to(tmp_path).parts[2] for j in jobs if "linear" in j.run_dir)
+    assert aims == ["u=0.25,0.75", "u=0.5,0.5", "u=0.75,0.25"]  # H = 2, m = 2: (k + 1) / 4
+    assert len(jobs) == 3 * 2 and len(calibrations) == 1

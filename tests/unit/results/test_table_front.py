@@ -138,8 +138,8 @@ def test_three_tasks_get_pairwise_projections_and_the_table(tmp_path: Path) -> N
 
     rng = np.random.default_rng(3)
     for k, u in enumerate([(0.5, 0.25, 0.25), (0.25, 0.5, 0.25), (0.25, 0.25, 0.5)]):
-        for method, delta in (("fedhv", 0.15), ("linear", None)):
-            folder = tmp_path / "three" / "front" / f"u{k}" / method / "s0"
+        for method, delta in (("fedhv", 0.15), ("fedhv", 1.0), ("linear", None)):
+            folder = tmp_path / "three" / "front" / f"u{k}" / (f"margin={delta:g}/" if delta else "") / method / "s0"
             folder.mkdir(parents=True)
             loss = (0.5 + rng.random(3)).tolist()
             (folder / "config.toml").write_text(f'setting = "three"\nmethod = "{method}"\nseed = 0\n')
@@ -155,9 +155,13 @@ def test_three_tasks_get_pairwise_projections_and_the_table(tmp_path: Path) -> N
     assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in visible] == [
         ("a test loss", "b test loss"), ("a test loss", "c test loss"), ("b test loss", "c test loss")]
     assert all(not ax.get_lines() for ax in visible)  # no attainment surfaces above two tasks
+    # two margins of one method share its colour: their markers tell them apart (no lines above two tasks)
+    handles = dict(zip(*reversed(visible[0].get_legend_handles_labels())))
+    shapes = {label: handles[label].get_paths()[0].vertices.round(6).tobytes() for label in ("FedHV δ=0.15", "FedHV δ=1")}
+    assert shapes["FedHV δ=0.15"] != shapes["FedHV δ=1"]
     (table,) = build_tables(runs, ["front"])
     hv = {r.method: r.ours for r in table.records if r.metric == "front_hv"}
-    assert set(hv) == {"fedhv@margin=0.15", "linear"} and all(s is not None and s.mean > 0 for s in hv.values())
+    assert set(hv) == {"fedhv@margin=0.15", "fedhv@margin=1", "linear"} and all(s is not None and s.mean > 0 for s in hv.values())
     import matplotlib.pyplot as plt
 
     for f in figures.values():
