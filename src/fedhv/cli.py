@@ -372,15 +372,19 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _finished_runs(folder: str, final_eval: bool = False) -> list:
-    from fedhv.results.collect import find_runs
+    from fedhv.results.collect import failure_of, find_runs
 
     try:
         runs, unfinished = find_runs(folder, final_eval=final_eval)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
-    if unfinished:
-        print(f"note: {len(unfinished)} unfinished run(s) left out (resume them with `fedhv run --resume DIR`)",
-              file=sys.stderr)
+    failed = {run: f for run in unfinished if (f := failure_of(run)) is not None}
+    for run, failure in failed.items():
+        print(f"note: left out, failed after {failure.get('rounds_done')} rounds: {run}: {failure.get('error')}: "
+              f"{failure.get('message')}", file=sys.stderr)
+    if len(unfinished) > len(failed):
+        print(f"note: {len(unfinished) - len(failed)} unfinished run(s) left out (resume them with "
+              "`fedhv run --resume DIR`)", file=sys.stderr)
     if not runs:
         raise UsageError(f"{folder}: no finished run directories (with summary.json) found")
     return runs

@@ -40,6 +40,7 @@ from fedhv.experiment.checkpoint import (
     truncate_jsonl,
 )
 from fedhv.experiment.code_check import check_resume_code
+from fedhv.experiment.divergence import DivergenceError
 from fedhv.experiment.environment import (
     chunk_record,
     environment,
@@ -463,8 +464,9 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
             )
         except _StopRun:
             theta, rounds_done = latest["theta"], latest["round"]
-        except BaseException:
-            # Interrupted or failed: keep every fully written round.
+        except BaseException as failure:
+            if isinstance(failure, DivergenceError):  # recorded: fedhv table names it apart from an interrupted run
+                run.record_failure(latest.get("round", done), failure)
             if cfg.checkpoint.enabled and latest and latest["round"] > saved["round"]:
                 try:
                     checkpoint(latest["round"], latest["theta"], latest["state"], latest["offsets"])
@@ -491,8 +493,8 @@ def _train(cfg: RunConfig, run: RunDir, data: FederatedData, setup: MethodSetup,
         else:  # another back-end's clients computed (Flower nodes run the sequential engine)
             summary["engine"] = getattr(federation_factory, "engine", summary["engine"])
         run.write_json("summary.json", summary)
-        # The run is complete: model.pt and summary.json replace the checkpoint.
-        (run.path / CHECKPOINT_FILE).unlink(missing_ok=True)
+        (run.path / CHECKPOINT_FILE).unlink(missing_ok=True)  # complete: model.pt and summary.json replace it
+        run.clear_failure()
         return summary
     finally:
         run.close()

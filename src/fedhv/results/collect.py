@@ -33,6 +33,8 @@ from fedhv.results.received import (
     read_records,
     summary_problem,
 )
+from fedhv.results.rundir import FAILURE_FILE
+from fedhv.results.runfiles import RunDirError, read_bytes_nofollow
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -243,6 +245,16 @@ def _load_run(folder: Path, config_path: Path, summary_path: Path) -> Run | None
     if isinstance(summary.get("label"), str):
         METHOD_LABELS.setdefault(run.method, summary["label"])
     return run
+
+
+def failure_of(folder: Path) -> dict[str, Any] | None:
+    """An unfinished run's failure record (``failure.json``: ``error``, ``message``, ``rounds_done``),
+    or ``None`` when it has none (interrupted, or still running) or it cannot be read."""
+    try:
+        data = json.loads(read_bytes_nofollow(folder / FAILURE_FILE))
+    except (OSError, ValueError, RunDirError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def find_runs(root: Path | str, final_eval: bool = False) -> tuple[list[Run], list[Path]]:

@@ -39,8 +39,11 @@ LOCK_FILE = ".lock"
 #: ``config.toml`` last, so an overwrite cut short leaves a resumable unfinished run.
 RUN_FILES: tuple[str, ...] = (
     "summary.json", "model.pt", "checkpoint.pt", "calibration.json", "metrics.jsonl", "rounds.jsonl",
-    "resumes.jsonl", "environment.json", "config.toml",
+    "resumes.jsonl", "environment.json", "failure.json", "config.toml",
 )
+#: Why an unfinished run stopped, when the training itself failed (it diverged): ``error``, ``message``,
+#: ``rounds_done``; removed when the run finishes. ``fedhv table`` names such runs apart from interrupted ones.
+FAILURE_FILE = "failure.json"
 
 from fedhv import safe_io
 from fedhv.results.runfiles import (  # noqa: F401 - re-exported: the run directory's file primitives
@@ -290,6 +293,14 @@ class RunDir:
     def write_json(self, name: str, data: Any) -> None:
         """Write the run file ``name`` as strict JSON (:func:`~fedhv.results.runfiles.write_json`)."""
         write_json(self.path / name, data)
+
+    def record_failure(self, rounds_done: int, exc: BaseException) -> None:
+        """Write :data:`FAILURE_FILE`: the run stopped after ``rounds_done`` rounds because of ``exc``."""
+        self.write_json(FAILURE_FILE, {"error": type(exc).__name__, "message": str(exc), "rounds_done": rounds_done})
+
+    def clear_failure(self) -> None:
+        """Remove :data:`FAILURE_FILE` (the run finished after all)."""
+        (self.path / FAILURE_FILE).unlink(missing_ok=True)
 
     # -- release ------------------------------------------------------------------------
 

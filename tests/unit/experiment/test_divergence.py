@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from fedhv.experiment.calibration import CalibrationResult
 from fedhv.experiment.checkpoint import load_checkpoint
 from fedhv.experiment.divergence import DivergenceError
 from fedhv.experiment.method_setup import resolve_reference
+from fedhv.experiment.runner import RunHooks, resume_experiment
 from fedhv.experiment.setup import make_engine, new_model
 from fedhv.models import get_flat
 from fedhv.results.rundir import read_jsonl
@@ -61,6 +63,29 @@ def test_poisoned_update_stops_the_run_and_the_checkpoint_is_the_last_good_round
     # The checkpoint holds the model of round 2, whose norm the error message reports (8.17).
     assert float(ckpt.theta.norm()) == pytest.approx(8.17, abs=0.005)
     assert [r["round"] for r in read_jsonl(tmp_path / "run" / "rounds.jsonl")] == [1, 2]
+    failure = json.loads((tmp_path / "run" / "failure.json").read_text())  # why it stopped, kept with the run
+    assert failure["error"] == "DivergenceError" and failure["rounds_done"] == 2
+    assert failure["message"].startswith("round 3: the global model's norm grew from 8.17")
+    proc = cli("table", str(tmp_path))
+    assert proc.returncode == 2  # nothing finished
+    assert f"note: left out, failed after 2 rounds: {tmp_path / 'run'}: DivergenceError: round 3:" in proc.stderr
+    assert "unfinished run(s) left out" not in proc.stderr  # not counted as merely interrupted
+
+
+@pytest.mark.needs_data
+def test_a_failure_record_goes_when_the_run_finishes(tmp_path: Path) -> None:
+    cfg = small_config("method=\"uniform\"", "rounds=4", "checkpoint.period=1")
+
+    def stop(t: int, _: dict) -> None:
+        if t == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "run", progress=False, hooks=RunHooks(on_round=stop))
+    assert not (tmp_path / "run" / "failure.json").exists()  # interrupted is not failed
+    (tmp_path / "run" / "failure.json").write_text('{"error": "DivergenceError", "message": "m", "rounds_done": 2}')
+    assert resume_experiment(tmp_path / "run", progress=False)["rounds"] == 4
+    assert not (tmp_path / "run" / "failure.json").exists()
 
 
 @pytest.mark.needs_data
