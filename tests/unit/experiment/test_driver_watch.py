@@ -52,24 +52,25 @@ def _start(tmp_path: Path, mode: str, checkpoint_s: float = 0.0) -> tuple[subpro
     return driver, worker
 
 
-def _kill(driver: subprocess.Popen[bytes]) -> float:
-    driver.kill()
-    driver.wait()
-    return time.monotonic()
-
-
-def test_a_running_task_checkpoints_before_its_worker_exits(tmp_path: Path) -> None:
-    driver, worker = _start(tmp_path, "task", checkpoint_s=3.0)
+def _orphan(driver: subprocess.Popen[bytes], worker: subprocess.Popen[bytes], timeout: float) -> float:
+    """Kill the driver while the worker runs; seconds until the worker exited."""
     try:
         time.sleep(0.5)
-        assert worker.poll() is None  # the driver lives: the task runs on
-        gone = _kill(driver)
-        worker.wait(timeout=60)
-        took = time.monotonic() - gone
+        assert worker.poll() is None  # the driver lives: the worker runs on
+        driver.kill()
+        driver.wait()
+        gone = time.monotonic()
+        worker.wait(timeout=timeout)
+        return time.monotonic() - gone
     finally:
         for p in (driver, worker):
             if p.poll() is None:
                 p.kill()
+
+
+def test_a_running_task_checkpoints_before_its_worker_exits(tmp_path: Path) -> None:
+    driver, worker = _start(tmp_path, "task", checkpoint_s=3.0)
+    took = _orphan(driver, worker, timeout=60)
     assert worker.returncode == EXIT_ORPHANED, worker.stderr.read()[-2000:] if worker.stderr else ""
     assert (tmp_path / "checkpoint").read_text() == "written"
     assert 3.0 <= took < 30.0  # waited for the checkpoint, then ended at once
@@ -77,16 +78,7 @@ def test_a_running_task_checkpoints_before_its_worker_exits(tmp_path: Path) -> N
 
 def test_an_idle_worker_exits_as_soon_as_its_driver_is_gone(tmp_path: Path) -> None:
     driver, worker = _start(tmp_path, "idle")
-    try:
-        time.sleep(0.5)
-        assert worker.poll() is None
-        gone = _kill(driver)
-        worker.wait(timeout=30)
-        took = time.monotonic() - gone
-    finally:
-        for p in (driver, worker):
-            if p.poll() is None:
-                p.kill()
+    took = _orphan(driver, worker, timeout=30)
     assert worker.returncode == EXIT_ORPHANED
     assert took < 10.0
     assert not (tmp_path / "checkpoint").exists()
