@@ -134,15 +134,27 @@ def _rank_note(present: Sequence[str], ranked: Sequence[str] = PAPER_RANKED) -> 
     return f"No best / second-best marks: the paper ranks {paper}, and these runs have {have}."
 
 
+#: Above this many methods a settings-by-methods table is drawn transposed (one row per method, a column per
+#: setting and metric), unless the paper's rows are asked for: 23 methods x 2 metrics do not fit one row.
+WIDE_METHODS = 6
+
+
 def _by_setting_and_method(key: str, title: str, runs: Sequence[Run], metrics: Sequence[Metric],
                            paper: bool, methods_ranked: Sequence[str] | None = None) -> Table:
-    """Rows = settings; columns = methods x metrics; ranks per metric among ``methods_ranked``."""
+    """Rows = settings; columns = methods x metrics; ranks per metric among ``methods_ranked``.
+    More than :data:`WIDE_METHODS` methods (without ``paper``): rows = methods, columns = settings x metrics."""
     groups = group(runs)
     settings = ordered_settings({s for s, _, _ in groups})
     methods = ordered_methods({m for _, _, m in groups})
-    header = [f"{method_label(m)} {x.label}" if len(metrics) > 1 else method_label(m) for m in methods
-              for x in metrics]
-    table = Table(key, title, ["Setting"], header)
+    long = len(methods) > WIDE_METHODS and not paper
+    if long:
+        header = [f"{setting_label(s)} {x.label}" for s in settings for x in metrics]
+        table = Table(key, title, ["Method"], header)
+    else:
+        header = [f"{method_label(m)} {x.label}" if len(metrics) > 1 else method_label(m) for m in methods
+                  for x in metrics]
+        table = Table(key, title, ["Setting"], header)
+    by_setting: list[list[Cell]] = []
     for setting in settings:
         cells = []
         for m in methods:
@@ -157,9 +169,15 @@ def _by_setting_and_method(key: str, title: str, runs: Sequence[Run], metrics: S
         for i, (m, x) in enumerate((m, x) for m in methods for x in metrics):
             if groups.get((setting, None, m)):
                 _record(table, setting, m, x.key, cells[i], theirs[i])
-        differs = _paper_check(table, [r for (s, _, _), g in groups.items() if s == setting for r in g], setting,
-                               paper)
-        _with_paper(table, [setting_label(setting)], cells, theirs if paper else None, differs)
+        by_setting.append(cells)
+        if not long:
+            differs = _paper_check(table, [r for (s, _, _), g in groups.items() if s == setting for r in g], setting,
+                                   paper)
+            _with_paper(table, [setting_label(setting)], cells, theirs if paper else None, differs)
+    if long:
+        k = len(metrics)
+        for i, m in enumerate(methods):
+            table.add([method_label(m)], [cells[i * k + j] for cells in by_setting for j in range(k)])
     return table
 
 

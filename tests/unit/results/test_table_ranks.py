@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedhv.results.collect import find_runs
+from fedhv.results.collect import find_runs, method_label
 from fedhv.results.tables import build_tables
 from fedhv.results.tables_field import ranks
 
@@ -87,3 +87,33 @@ def test_the_server_lr_sweep_table_ranks_each_factor(tmp_path: Path) -> None:
     assert got["UPGrad (FSMGDA)"][6:] == ["1.5", "2", "1"]
     assert got["Uniform"][6:] == ["1.5", "2", "4"]
     assert got["DWA"][6:] == ["4", "4", "3"]
+
+
+def test_table_1_of_many_methods_has_a_row_per_method(tmp_path: Path) -> None:
+    """Above six methods Tables 1 and 8 turn: a row per method, a column per setting and metric (same cells)."""
+    methods = ["uniform", "fedhv", "dwa", "rlw", "famo", "stch", "inverse-loss", "fsmgda-upgrad"]
+    for setting, shift in (("multimnist", 0.0), ("mnist-fmnist", -4.0)):
+        for k, method in enumerate(methods):
+            for seed in (0, 1):
+                folder = tmp_path / setting / method / f"s{seed}"
+                folder.mkdir(parents=True)
+                (folder / "config.toml").write_text(f'setting = "{setting}"\nmethod = "{method}"\nseed = {seed}\n')
+                mean, worst = 90.0 + shift + k / 10 + seed / 100, 88.0 + shift - k / 10
+                (folder / "summary.json").write_text(json.dumps(
+                    {"setting": setting, "method": method, "seed": seed, "tasks": ["L", "R"], "mean_acc": mean,
+                     "worst_acc": worst, "mean_loss": 0.3, "hv": 7.0}))
+    runs, _ = find_runs(tmp_path)
+    table, table8 = build_tables(runs, ["1", "8"])
+    assert table.label_header == ["Method"] and table8.label_header == ["Method"]
+    assert table.header == ["MultiMNIST MeanAcc ↑", "MultiMNIST WorstAcc ↑", "MNIST–FMNIST MeanAcc ↑",
+                            "MNIST–FMNIST WorstAcc ↑"]
+    rows = {labels[0]: row for labels, row in zip(table.labels, table.rows)}
+    assert sorted(rows) == sorted(method_label(m) for m in methods)
+    k = methods.index("stch")
+    stch = [c.stat.mean for c in rows[method_label("stch")]]  # type: ignore[union-attr]
+    assert stch == [90.0 + k / 10 + 0.005, 88.0 - k / 10, 86.0 + k / 10 + 0.005, 84.0 - k / 10]
+    assert rows[method_label("fsmgda-upgrad")][0].mark == "best" and rows["Uniform"][1].mark == "best"  # per column
+    assert {(r.setting, r.method, r.metric) for r in table.records} == {
+        (s, m, x) for s in ("multimnist", "mnist-fmnist") for m in methods for x in ("mean_acc", "worst_acc")}
+    (paper,) = build_tables(runs, ["1"], paper=True)  # the paper's rows need the paper's shape
+    assert paper.label_header == ["Setting"]
