@@ -15,7 +15,9 @@ fedhv makes the exit its own, so it happens in order:
    :data:`RAY_CHECK_ENV`) and a runtime environment naming itself (:data:`DRIVER_ENV`:
    ``pid:start-ticks``) and :func:`setup_worker` as the *worker process setup hook*, which
    every worker process of the job runs when it starts (:func:`runtime_env`).
-2. The hook starts a daemon thread that looks at the driver every :data:`POLL_S` seconds.
+2. The hook starts a daemon thread that looks at the driver every :data:`POLL_S` seconds (and gives
+   the worker Python's ``SIGINT`` handler when it inherited the signal ignored, as a grid started
+   in the background does: the interrupt below is a simulated ``SIGINT``).
 3. When the driver is gone: a worker running no task exits at once; a worker running a grid
    task (:func:`task_scope`) gets a ``KeyboardInterrupt`` in its main thread, the run writes
    its checkpoint as on Ctrl-C, and the process exits as the task ends, or after
@@ -30,6 +32,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -88,6 +91,11 @@ def setup_worker() -> None:
         if _started:
             return
         _started = True
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
+        # a grid started as a background job (`cmd &` in a script) passes SIGINT on ignored, and
+        # _thread.interrupt_main() does nothing for an ignored signal: give the worker Python's own handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=watch, args=parse_driver(value), name="fedhv-driver-watch", daemon=True).start()
 
 

@@ -34,6 +34,8 @@ import pytest
 
 from fedhv.experiment.grid_ship import Collector, ShipError, pack_dir
 
+from helpers import from_a_shell
+
 RUN = "multimnist/uniform/s0"
 SETS = ["partition.clients=4", "partition.samples_per_client=32", "train.clients_per_round=2",
         "train.local_steps=2", "train.batch_size=16", "calibration.rounds=1", "data.max_test_samples=200",
@@ -139,7 +141,8 @@ def test_a_second_driver_on_a_busy_grid_folder_is_refused_naming_the_first(tmp_p
     args = ["grid", "multimnist", "--methods", "uniform", "--seeds", "0", "--rounds", "3", "--quiet",
             *[x for s in SETS for x in ("--set", s)], "--out", str(out)]
     env = {**os.environ, "FEDHV_TEST_PAUSE_AFTER_ROUND": "1"}
-    first = subprocess.Popen([sys.executable, "-m", "fedhv.cli", *args, "--workers", "1", "--threads", "1"],
+    # from a shell's signal state: a test process started in the background passes SIGINT on ignored
+    first = subprocess.Popen(from_a_shell([sys.executable, "-m", "fedhv.cli", *args, "--workers", "1", "--threads", "1"]),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen: set[int] = set()
     try:

@@ -5,11 +5,13 @@ process, and a "worker" process that runs the setup hook as Ray's default worker
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,12 +41,19 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path: Path, mode: str, checkpoint_s: float = 0.0) -> tuple[subprocess.Popen[bytes],
-                                                                         subprocess.Popen[bytes]]:
+def _start(tmp_path: Path, mode: str, checkpoint_s: float = 0.0,
+           sigint: Any = signal.SIG_DFL) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """A driver and a worker; the worker starts with ``sigint`` as its SIGINT disposition (``SIG_DFL``:
+    Python installs its handler; ``SIG_IGN``: as a grid started in the background passes it on)."""
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     env = {**os.environ, DRIVER_ENV: f"{driver.pid}:{start_ticks(driver.pid)}"}
+
+    def signals() -> None:  # whatever the test process inherited: nothing blocked, SIGINT as asked
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        signal.signal(signal.SIGINT, sigint)
+
     worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), mode, str(checkpoint_s)], env=env,
-                              stderr=subprocess.PIPE)
+                              stderr=subprocess.PIPE, preexec_fn=signals)  # noqa: PLW1509 - a test's own child
     deadline = time.monotonic() + 60
     while not (tmp_path / "ready").exists():
         assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[1][-2000:]
@@ -68,8 +77,9 @@ def _orphan(driver: subprocess.Popen[bytes], worker: subprocess.Popen[bytes], ti
                 p.kill()
 
 
-def test_a_running_task_checkpoints_before_its_worker_exits(tmp_path: Path) -> None:
-    driver, worker = _start(tmp_path, "task", checkpoint_s=3.0)
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["sigint-default", "sigint-ignored"])
+def test_a_running_task_checkpoints_before_its_worker_exits(tmp_path: Path, sigint: Any) -> None:
+    driver, worker = _start(tmp_path, "task", checkpoint_s=3.0, sigint=sigint)
     took = _orphan(driver, worker, timeout=60)
     assert worker.returncode == EXIT_ORPHANED, worker.stderr.read()[-2000:] if worker.stderr else ""
     assert (tmp_path / "checkpoint").read_text() == "written"
