@@ -21,8 +21,10 @@ import numpy as np
 from fedhv.results.collect import Run, setting_label
 from fedhv.results.fronts import attainment
 from fedhv.results.plot_style import figure, method_color
-from fedhv.results.tables_front import Family, family_label, front_runs
+from fedhv.results.tables_front import Family, family_label, family_order, front_runs
 
+#: Losses spanning more than this factor are drawn on log axes (the knee of a front is otherwise a dot).
+LOG_SPAN = 4.0
 #: The spaces drawn: (stem, summary key, axis word, sign that makes it a minimisation).
 SPACES: tuple[tuple[str, str, str, float], ...] = (("loss", "task_loss", "test loss", 1.0),
                                                   ("accuracy", "task_acc", "test accuracy (%)", -1.0))
@@ -55,14 +57,15 @@ def _family_style(family: Family, families: Sequence[Family]) -> tuple[str, str,
     """Colour of the method; line style and marker by the margin's place among the method's margins
     (so that two margins of one method stay apart in a scatter without attainment lines, m > 2)."""
     margins = sorted(d for m, d in families if m == family[0] and d is not None)
-    styles, markers = ("-", "--", ":", "-."), ("o", "^", "s", "D")
+    styles, markers = ("-", "--", ":", "-."), ("o", "^", "s", "D", "v", "P", "X")
     k = margins.index(family[1]) if family[1] is not None else 0
     return method_color(family[0]), styles[k % len(styles)], markers[k % len(markers)]
 
 
 def _plane(ax: Any, fams: dict[Family, dict[int, list[tuple[tuple[float, ...], Run]]]], key: str, sign: float,
            i: int, j: int, surfaces: bool) -> None:
-    for family, seeds in fams.items():
+    for family in family_order(list(fams)):  # the legend in the tables' order: by method, then margin
+        seeds = fams[family]
         color, style, marker = _family_style(family, list(fams))
         per_seed = []
         for _, pairs in sorted(seeds.items()):
@@ -89,6 +92,21 @@ def _plane(ax: Any, fams: dict[Family, dict[int, list[tuple[tuple[float, ...], R
             ax.scatter([], [], s=12, color=color, marker=marker, label=label)
 
 
+def _log_axes(ax: Any) -> None:
+    """Log axes labelled with plain numbers (0.2, 0.3, 1), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # set_*scale installs its own formatters
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+
+
 def front_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str, Any]]:
     """``(stem, figure)`` of every front figure the runs support (see the module docstring)."""
     for setting, fams in front_runs(runs).items():
@@ -103,10 +121,14 @@ def front_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str
             cols = min(len(pairs), 3)
             rows = -(-len(pairs) // cols)
             fig, axes = figure(size, 0.8 * rows / cols if len(pairs) > 1 else 0.75, rows, cols, squeeze=False)
+            points = np.vstack([v for r in members if (v := _values(r, key)) is not None])
+            log = stem == "loss" and bool((points > 0).all()) and points.max() > LOG_SPAN * points.min()
             for ax, (i, j) in zip(axes.flat, pairs):
                 _plane(ax, fams, key, sign, i, j, surfaces=(m == 2))
-                ax.set_xlabel(f"{names[i]} {word}")
-                ax.set_ylabel(f"{names[j]} {word}")
+                ax.set_xlabel(f"{names[i]} {word}" + (" (log)" if log else ""))
+                ax.set_ylabel(f"{names[j]} {word}" + (" (log)" if log else ""))
+                if log:  # a front from one task's best to the other's spans decades; the knee needs the room
+                    _log_axes(ax)
             for ax in list(axes.flat)[len(pairs):]:
                 ax.set_visible(False)
             axes.flat[0].legend(fontsize="small")

@@ -79,7 +79,7 @@ def front_runs(runs: Sequence[Run]) -> dict[str, dict[Family, dict[int, list[tup
     return out
 
 
-def _family_order(families: Sequence[Family]) -> list[Family]:
+def family_order(families: Sequence[Family]) -> list[Family]:
     methods = ordered_methods({m for m, _ in families})
     return sorted(families, key=lambda f: (methods.index(f[0]), -1.0 if f[1] is None else f[1]))
 
@@ -112,7 +112,7 @@ def table_front(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                       "test losses over the directions, mean ± sample std over seeds", ["Method"], header,
                       slug=f"{setting}-front")
         columns: dict[str, list[Cell]] = {"hv": [], "igd_plus": [], "eps_add": []}
-        for family in _family_order(list(families)):
+        for family in family_order(list(families)):
             seeds = families[family]
             scores, lowest, beyond, directions = [], [], [], set()
             for seed, pairs in sorted(seeds.items()):

@@ -127,6 +127,10 @@ def test_the_front_figure_draws_the_median_attainment_surface(tmp_path: Path) ->
     # ((0.55, 0.5) and (1.0, 0.25) are dominated), drawn as the staircase bounding what they dominate
     assert list(line.get_xdata()) == [0.2, 0.3, 0.3, 0.5, 0.5, 0.9, 0.9]
     assert list(line.get_ydata()) == [1.0, 1.0, 0.9, 0.9, 0.5, 0.5, 0.2]
+    # losses from 0.2 to 1.0 (5x > LOG_SPAN): log axes, labelled plainly; accuracy stays linear
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    assert figures["front-multimnist-accuracy"].axes[0].get_xscale() == "linear"
+    assert ax.get_legend_handles_labels()[1] == ["FedHV δ=0.15", "FedHV δ=1", "Linear"]  # by method, then margin
     import matplotlib.pyplot as plt
 
     for fig in figures.values():
