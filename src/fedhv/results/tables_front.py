@@ -113,7 +113,11 @@ def table_front(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                       slug=f"{setting}-front")
         columns: dict[str, list[Cell]] = {"hv": [], "igd_plus": [], "eps_add": []}
         for family in family_order(list(families)):
-            seeds = families[family]
+            seeds, partial = _complete_seeds(families[family])
+            if partial:
+                table.note(f"{family_label(family)}: seed(s) {', '.join(map(str, partial))} left out: their runs "
+                           f"cover fewer of the family's {len({u for ps in families[family].values() for u, _ in ps})}"
+                           " directions (a front over fewer directions is not comparable).")
             scores, lowest, beyond, directions = [], [], [], set()
             for seed, pairs in sorted(seeds.items()):
                 mine = np.vstack([_losses(r) for _, r in pairs])  # type: ignore[misc]
@@ -149,6 +153,17 @@ def table_front(runs: Sequence[Run], paper: bool = False) -> list[Table]:
             "(docs/fronts.md). Bold: best, underlined: second best.")
         out.append(table)
     return out
+
+
+def _complete_seeds(seeds: dict[int, list[tuple[tuple[float, ...], Run]]]
+                    ) -> tuple[dict[int, list[tuple[tuple[float, ...], Run]]], list[int]]:
+    """The seeds whose runs cover every direction the family has on any seed, and the others (left out). When
+    no seed covers them all, every seed is kept (nothing left out)."""
+    union = {u for pairs in seeds.values() for u, _ in pairs}
+    complete = {seed: pairs for seed, pairs in seeds.items() if {u for u, _ in pairs} == union}
+    if not complete:
+        return seeds, []
+    return complete, sorted(set(seeds) - set(complete))
 
 
 def _weakly_dominated(point: np.ndarray, others: np.ndarray) -> bool:

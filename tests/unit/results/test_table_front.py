@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedhv.results.collect import find_runs
 from fedhv.results.tables import build_tables
@@ -170,3 +171,27 @@ def test_three_tasks_get_pairwise_projections_and_the_table(tmp_path: Path) -> N
 
     for f in figures.values():
         plt.close(f)
+
+
+def test_a_seed_covering_fewer_directions_is_left_out_of_its_familys_row(tmp_path: Path) -> None:
+    _write(tmp_path)
+    # a margin-sweep run at the uniform direction only, beside a full front on seed 0
+    for seed, directions in ((0, U), (1, [(0.5, 0.5)])):
+        for u in directions:
+            folder = tmp_path / "multimnist" / "front" / f"u={u[0]:g},{u[1]:g}" / "margin=3/fedhv" / f"s{seed}"
+            folder.mkdir(parents=True)
+            (folder / "config.toml").write_text(f'setting = "multimnist"\nmethod = "fedhv"\nseed = {seed}\n')
+            (folder / "summary.json").write_text(json.dumps(
+                {"setting": "multimnist", "method": "fedhv", "seed": seed, "tasks": ["L", "R"],
+                 "task_loss": [0.3 + u[0], 0.3 + u[1]], "task_acc": [90.0, 88.0], "hv_reference": [3.0, 3.0],
+                 "mean_acc": 89.0, "worst_acc": 88.0}))
+            (folder / "grid-job.json").write_text(json.dumps(
+                {"setting": "multimnist", "method": "fedhv", "seed": seed, "ablation": "front",
+                 "variant": ["front", [list(u), 3.0]]}))
+    runs, _ = find_runs(tmp_path)
+    (table,) = build_tables(runs, ["front"])
+    hv = {r.method: r.ours for r in table.records if r.metric == "front_hv"}
+    seed0 = np.array([[0.3 + u[0], 0.3 + u[1]] for u in U])
+    assert hv["fedhv@margin=3"].n == 1 and hv["fedhv@margin=3"].mean == pytest.approx(_hv2(seed0))  # type: ignore[union-attr]
+    assert any("FedHV δ=3: seed(s) 1 left out" in n for n in table.notes)
+    assert hv["fedhv@margin=0.15"].n == 2  # type: ignore[union-attr]  # complete on both seeds: kept
