@@ -21,7 +21,7 @@ import numpy as np
 from fedhv.results.collect import Run, setting_label
 from fedhv.results.fronts import attainment
 from fedhv.results.plot_style import figure, method_color
-from fedhv.results.tables_front import Family, family_label, family_order, front_runs
+from fedhv.results.tables_front import Family, complete_seeds, family_label, family_order, front_runs
 
 #: Losses spanning more than this factor are drawn on log axes (the knee of a front is otherwise a dot).
 LOG_SPAN = 4.0
@@ -65,7 +65,7 @@ def _family_style(family: Family, families: Sequence[Family]) -> tuple[str, str,
 def _plane(ax: Any, fams: dict[Family, dict[int, list[tuple[tuple[float, ...], Run]]]], key: str, sign: float,
            i: int, j: int, surfaces: bool) -> None:
     for family in family_order(list(fams)):  # the legend in the tables' order: by method, then margin
-        seeds = fams[family]
+        seeds, _ = complete_seeds(fams[family])  # as the table: a seed covering fewer directions is left out
         color, style, marker = _family_style(family, list(fams))
         per_seed = []
         for _, pairs in sorted(seeds.items()):

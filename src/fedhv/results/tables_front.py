@@ -113,7 +113,7 @@ def table_front(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                       slug=f"{setting}-front")
         columns: dict[str, list[Cell]] = {"hv": [], "igd_plus": [], "eps_add": []}
         for family in family_order(list(families)):
-            seeds, partial = _complete_seeds(families[family])
+            seeds, partial = complete_seeds(families[family])
             if partial:
                 table.note(f"{family_label(family)}: seed(s) {', '.join(map(str, partial))} left out: their runs "
                            f"cover fewer of the family's {len({u for ps in families[family].values() for u, _ in ps})}"
@@ -155,7 +155,7 @@ def table_front(runs: Sequence[Run], paper: bool = False) -> list[Table]:
     return out
 
 
-def _complete_seeds(seeds: dict[int, list[tuple[tuple[float, ...], Run]]]
+def complete_seeds(seeds: dict[int, list[tuple[tuple[float, ...], Run]]]
                     ) -> tuple[dict[int, list[tuple[tuple[float, ...], Run]]], list[int]]:
     """The seeds whose runs cover every direction the family has on any seed, and the others (left out). When
     no seed covers them all, every seed is kept (nothing left out)."""
