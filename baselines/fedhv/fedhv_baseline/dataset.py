@@ -17,7 +17,7 @@ import torch
 from datasets import Dataset
 
 from fedhv.data.benchmarks import Benchmark, load_benchmark
-from fedhv.data.hf_partitioner import FedHVPartitioner, add_joint_label
+from fedhv.flower.partitioner import FedHVPartitioner, add_joint_label
 
 
 @lru_cache(maxsize=2)

@@ -13,7 +13,9 @@ import it: ``node`` (a SuperNode's computation) does not, the others do.
   the server's and the node's side;
 - :mod:`fedhv.flower.executor`: a long-lived ClientApp process (``--isolation process``);
 - :mod:`fedhv.flower.local`: ``fedhv flower local``;
-- :mod:`fedhv.flower.certs`: test TLS certificates and SuperNode authentication keys.
+- :mod:`fedhv.flower.certs`: test TLS certificates and SuperNode authentication keys;
+- :mod:`fedhv.flower.partitioner`: the paper's partition as a Flower Datasets ``Partitioner``
+  (``flwr_datasets`` only, no ``flwr``: the ``hf`` extra suffices).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from celeba_fixture import make_celeba
 from fedhv.config import load_config, preset_names
 from fedhv.data.celeba import ATTRIBUTES, FIRST_LABEL_ATTRIBUTES, GROUPS
 from fedhv.data.configured import load_data, partition_sizes
-from fedhv.data.hf_partitioner import FedHVPartitioner, add_joint_label
 from fedhv.errors import ConfigError
+from fedhv.flower.partitioner import FedHVPartitioner, add_joint_label
 
 
 def _strata_columns(rule: str, names: list[str], celeba: bool) -> list[str]:
