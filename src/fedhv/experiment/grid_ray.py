@@ -115,8 +115,6 @@ def _ray() -> Any:
     return ray
 
 
-
-
 @contextlib.contextmanager
 def loopback_only() -> Iterator[None]:
     """Within the block, a Ray node this process starts (``ray.init(address="local")``, Ray's
@@ -158,12 +156,11 @@ def check_loopback(ray: Any) -> None:
                           f"({getattr(ray, '__version__', '?')}), or start a cluster yourself and give --address")
 
 
-def _connect(ray: Any, opts: RayOptions) -> bool:
-    """Start or join Ray; ``True`` when this process started a local instance (its workers then
-    watch this process: a running task checkpoints and every worker exits once it is killed,
-    :mod:`fedhv.experiment.grid_watch`)."""
+def _connect(ray: Any, opts: RayOptions) -> None:
+    """Start or join Ray. A local instance's workers watch this process: once it is killed a running
+    task checkpoints and every worker exits (:mod:`fedhv.experiment.grid_watch`)."""
     if ray.is_initialized():
-        return False
+        return
     # CPU runs (num_gpus = 0) ask for no device; Ray's notice about hiding the GPUs from them is noise here
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
@@ -173,7 +170,7 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
         # address and never reach it
         with loopback_only() if _loopback_host(address) else contextlib.nullcontext():
             ray.init(address=address, **kwargs)
-        return False
+        return
     # its workers end with this process, after their checkpoint, by fedhv's watch rather than Ray's
     # raylet-death check (which would race the checkpoint): fedhv.experiment.grid_watch
     with loopback_only(), scoped_environ({RAY_CHECK_ENV: "0"}):
@@ -184,7 +181,6 @@ def _connect(ray: Any, opts: RayOptions) -> bool:
     except BaseException:
         ray.shutdown()
         raise
-    return True
 
 
 def run_grid_ray(jobs: list[Job], calibrations: list[CalibrationJob], out: Path, opts: RayOptions,

@@ -97,12 +97,9 @@ def _log_axes(ax: Any) -> None:
     from matplotlib.ticker import FuncFormatter
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(plain)
-        axis.set_minor_formatter(plain)
-    ax.set_xscale("log")
+    ax.set_xscale("log")  # before the formatters: setting a scale installs its own
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # set_*scale installs its own formatters
+    for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(plain)
         axis.set_minor_formatter(plain)
 
