@@ -191,7 +191,9 @@ def local_ray() -> Iterator[object]:
     before = descendants(os.getpid())
     seen: set[int] = set()
     try:
-        assert _connect(ray, RayOptions(num_cpus=1)), "a Ray instance was already running in this process"
+        assert not ray.is_initialized(), "a Ray instance was already running in this process"
+        _connect(ray, RayOptions(num_cpus=1))
+        assert ray.is_initialized()
         yield ray
     finally:
         seen = descendants(os.getpid()) - before
