@@ -18,7 +18,7 @@ PUBLIC = {"fedhv", "fedhv.weighting"}
 
 def _run(name: str) -> str:
     done = subprocess.run([sys.executable, str(EXAMPLES / name), "--small"], capture_output=True, text=True,
-                          timeout=240, check=False)
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

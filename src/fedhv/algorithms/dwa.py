@@ -11,7 +11,9 @@ uniform until two windows of reports exist. The authors' code (``lorenmt/mtan``,
 ``weighting/DWA.py``) uses the mean loss of the last two *epochs* and weights ``m softmax(rho / T)``
 that sum to ``m``; here the weights sum to 1 as in every fedhv method (the authors' scale is a factor
 ``m`` on the learning rates), and a round's averaged report plays the epoch's mean loss, optionally
-averaged over ``window`` rounds (as FAMO's repository averages DWA's losses over a window). Federated,
+averaged over ``window`` rounds. (FAMO's repository also runs DWA on windows, of 25 batches, starting
+from a buffer of ones once the first window is full; here the ratio waits for two windows of real
+reports.) Federated,
 consecutive reports come from different client cohorts, so ``rho`` also carries the cohorts'
 difference; a window evens it out. FedHV's loss-only protocol (:mod:`fedhv.algorithms.loss_only`).
 Defaults: ``T = 2`` (the authors'), ``window = 1``.

@@ -12,11 +12,17 @@ once a previous report exists, ``xi`` takes one Adam step (learning rate ``lr = 
 ``delta_i = log D_i^{t-1} - log D_i^t``, the decrease of each task's log loss over the last round.
 
 This follows the authors' code (``Cranial-XIX/FAMO``; LibMTL's ``weighting/FAMO.py``, its
-``FAMO_w_lr = 0.025``, ``FAMO_w_gamma = 1e-3``). The authors' files use three weight-decay values
-(0.01, 1e-3 and 1e-5 in different experiments); the default here is 1e-3 (LibMTL's), the others are
-one ``--set famo.weight_decay=...`` away. Federated, ``delta`` compares the reports of two consecutive
+``FAMO_w_lr = 0.025``, ``FAMO_w_gamma = 1e-3``). The authors' weight decay ``gamma`` differs by file:
+0.01 (``famo.py``'s default, ``experiments/utils.py``'s ``--gamma`` and the Cityscapes script), 1e-3 (the
+NYUv2, CelebA and QM9 scripts, and LibMTL), 0.0 (the toy script); 1e-5 is only the default of
+``methods/weight_methods.py``'s class, which every script overrides. The default here is 1e-3, the others
+are one ``--set famo.weight_decay=...`` away. Federated, ``delta`` compares the reports of two consecutive
 rounds, which come from different client cohorts, where FAMO's ``delta`` compares the losses of one
-batch before and after a step: a cohort's different data moves ``delta`` too. FedHV's loss-only
+batch before and after a step: a cohort's different data moves ``delta`` too. And the weights are one round behind the model:
+``w^{t+1}`` is computed from ``F^t`` (measured at ``theta^t``) and trains from ``theta^{t+1}``, so the Adam
+step at round ``t`` moves the logits that produced ``w^t`` on a ``delta`` that measures the step
+``theta^{t-1} -> theta^t``, trained with ``w^{t-1}`` (the authors' ``delta`` measures the step their current
+logits made). Both follow from FedHV's one exchange per round, as FedHV's own weights do. FedHV's loss-only
 protocol (:mod:`fedhv.algorithms.loss_only`); ``w^0 = 1/m``. Losses must stay above ``min_loss``
 (``D > 0``), which holds for the built-in losses (cross-entropies, ``>= 0``) with ``min_loss = 0``.
 """
@@ -53,7 +59,7 @@ class FAMOConfig:
     lr : float
         Adam's learning rate on the logits (the authors': 0.025).
     weight_decay : float
-        Adam's L2 weight decay on the logits (default 1e-3; the authors' files: 0.01, 1e-3, 1e-5).
+        Adam's L2 weight decay on the logits (default 1e-3; the authors' scripts: 0.01, 1e-3, 0.0).
     min_loss : float
         ``F^*``, the losses' lower bound (0 for non-negative losses).
     report_batches : int or "all"

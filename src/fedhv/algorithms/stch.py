@@ -12,9 +12,13 @@ normalised to sum 1 (the authors' loss carries a factor ``m``: a factor on the l
 above its nadir (Tchebycheff as ``mu -> 0``). The authors' code: ``--STCH_mu`` defaults to 1.0 for
 multi-task learning (their Pareto-set-learning script uses 0.01), so 1.0 is the default here too.
 
-The nadir: the authors average each task's loss over a warm-up epoch (``--STCH_warmup_epoch 4``,
-trained on the sum of log-losses); here ``z`` is the mean of the averaged reports of the reference
-calibration (paper §3.2: uniform-weight rounds, shared with FedHV's reference and across a grid).
+The nadir and the warm-up: in the authors' code the run itself trains its first epochs (0 to
+``--STCH_warmup_epoch``, 4) on the sum of log-losses, and ``z`` is the mean training-batch loss of its last
+warm-up epoch; then the smooth Tchebycheff loss takes over. Here ``z`` is the mean of the averaged reports of
+the reference calibration (paper §3.2: uniform-weight rounds, shared with FedHV's reference and across a
+grid), and the run uses STCH's weights from its second round, with no warm-up of its own. Its weights, as
+every loss-only rule's, are one round behind the model: ``w^{t+1}`` comes from ``F^t`` at ``theta^t`` and
+trains from ``theta^{t+1}`` (the authors weigh the losses whose gradient they take).
 FedHV's loss-only protocol (:mod:`fedhv.algorithms.loss_only`); ``w^0 = 1/m``. Reports must be
 non-negative (the built-in losses are).
 """
