@@ -20,9 +20,23 @@ stage 2 unchanged. Defaults: ``eps = 1e-2``, ``mix = 0.2``, ``preference = "unif
 The authors solve with cvxpy and GLPK; fedhv with SciPy's ``linprog`` (HiGHS). A linear program can have
 several optimal vertices, so two solvers may return different ``alpha`` at equal objective. Where the
 balance program is infeasible (the authors' code then fails), fedhv falls back to the relaxed program,
-and to ``1/m`` when that fails too; the round's log says which (``epo_move``). The authors divide neither
-the Gram estimate by ``|S|`` nor weight the losses by sample counts; the programs are invariant to the
-first, and the presets' clients are of equal size.
+and to ``1/m`` when that fails too; the round's log says which (``epo_move``). The authors do not divide
+the Gram estimate by ``|S|`` (the programs are invariant to it).
+
+Where fedhv differs from the authors' code, and why:
+
+- **The losses ``l``.** The authors pool the participants' samples (``server.py``,
+  ``getParticipatingClientLoss``: each batch's loss times its size, over all clients, divided by the pooled
+  count) drawn from each client's training loader (shuffled, ``drop_last``: a random set of full batches
+  each round, with the dataset's augmentation where it has one). Here ``l`` is FedHV's report: the mean over
+  clients of each client's mean loss over its whole local data (eval mode), no
+  augmentation. On the presets (clients of equal size) the two differ only by the dropped last batch.
+- **The programs see the symmetric part of ``C``**, ``(C + C^T) / 2``, even with
+  ``symmetrize = false`` (FedCMOO's estimate may be asymmetric; the authors use it as it is).
+- **The learning rates.** ``fedcmoo-pref`` takes FedCMOO's rates (``[lr.fedcmoo]``: η_g 1.2, η_l 0.5 on
+  MultiMNIST and MNIST–FMNIST), the protocol of fedhv's comparison (one rate set per exchange); the
+  authors' ``config.py`` gives ``fedcmoo_pref`` η_g 1.6, η_l 0.3 on both (``--set train.lr_global=1.6
+  --set train.lr_local=0.3``, or a ``[lr.fedcmoo-pref]`` table).
 """
 
 from __future__ import annotations

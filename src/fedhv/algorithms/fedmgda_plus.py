@@ -18,6 +18,13 @@ from (the encoder parts, with the heads when ``count_decoders``): the rule retur
 + 1e-8)`` as the weight of the raw update. FLGo solves the program with cvxopt; fedhv uses qpsolvers with
 quadprog (the same solver torchjd's projections use), on ``U U^T + reg_eps I`` (quadprog needs a positive
 definite matrix; ``reg_eps = 1e-9`` against a unit diagonal).
+
+With two tasks the program has one answer: the min-norm point of two unit vectors is their midpoint,
+``lambda = (1/2, 1/2)`` whatever their angle (``d/dlambda |lambda u_1 + (1 - lambda) u_2|^2 = 0`` at
+``lambda = (1 - u_1.u_2) / (2 - 2 u_1.u_2) = 1/2``), so ``epsilon`` has no effect and FedMGDA+ steps along
+the mean of the normalised task updates, a step of norm up to ``eta_g`` each round however far training
+has come. Note the rates, too: the presets' ``[lr.fsmgda]`` ``eta_g = 2`` doubles FLGo's ``eta = 1`` on these
+unit-norm directions.
 """
 
 from __future__ import annotations

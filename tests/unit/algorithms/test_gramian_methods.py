@@ -233,6 +233,45 @@ def test_an_fsmgda_exchange_round_steps_by_torchjds_aggregator(name: str) -> Non
     assert step.state.round == 1 and np.array_equal(step.state.weights, w)
 
 
+@pytest.mark.parametrize("m", [2, 3])
+def test_a_fedmgda_plus_round_steps_along_the_box_min_norm_point_of_the_normalised_task_updates(m: int) -> None:
+    """FLGo's step, ``theta += eta_g sum_i lambda_i u_i`` with ``u_i`` the averaged task updates' encoder parts
+    normalised, ``lambda`` the min-norm point of the ``u_i`` within ``epsilon = 0.1`` of ``1/m`` (SLSQP here);
+    each head moves by its own ``lambda_i / ||Dbar_i||`` times its update. With two tasks ``lambda = (1/2,
+    1/2)`` whatever the updates (the midpoint of two unit vectors is their min-norm point)."""
+    d_enc, head = 6, 2
+    slices = _slices(d_enc, head, m)
+    rng = np.random.default_rng(5)
+    deltas = torch.tensor(rng.normal(size=(4, m, d_enc + m * head)), dtype=F64)
+    deltas[:, 0] *= 50.0  # very different update norms: the normalisation matters
+    if m == 3:  # tasks 0 and 1 nearly opposed: the min-norm point leaves task 2 at the box's edge
+        deltas[:, 1, slices.encoder] = -0.02 * deltas[:, 0, slices.encoder] + 0.05 * deltas[:, 1, slices.encoder]
+    for t in range(m):
+        for o in range(m):
+            if o != t:
+                deltas[:, t, slices.heads[o]] = 0
+    algorithm = METHODS["fedmgda-plus"](lr_global=1.5).build(_Context(slices)).algorithm
+    fed = ScriptedFederation(np.arange(4), [Replies(np.arange(4), deltas=deltas)])
+    theta = torch.tensor(rng.normal(size=d_enc + m * head), dtype=F64)
+    step = algorithm.round(algorithm.init_state(m), theta, fed)
+    mean = deltas.mean(0).numpy()
+    enc = mean[:, slices.encoder.numpy()]
+    norms = np.linalg.norm(enc, axis=1)
+    u = enc / norms[:, None]
+    res = minimize(lambda x: x @ (u @ u.T) @ x, np.full(m, 1 / m), bounds=[(1 / m - 0.1, 1 / m + 0.1)] * m,
+                   method="SLSQP", constraints={"type": "eq", "fun": lambda x: 1 - x.sum()}, options={"ftol": 1e-15})
+    lam = res.x
+    if m == 2:
+        np.testing.assert_allclose(lam, [0.5, 0.5], atol=1e-7)
+    else:
+        assert lam[2] == pytest.approx(1 / m - 0.1, abs=1e-6)  # the box binds
+    np.testing.assert_allclose(step.theta[slices.encoder].numpy() - theta[slices.encoder].numpy(), 1.5 * lam @ u,
+                               rtol=1e-5, atol=1e-9)
+    for t, h in enumerate(slices.heads):
+        np.testing.assert_allclose(step.theta[h].numpy() - theta[h].numpy(), 1.5 * lam[t] / norms[t] * mean[t, h.numpy()],
+                                   rtol=1e-5, atol=1e-9)
+
+
 class _Context:
     num_tasks, task_names, seed, benchmark = 3, ("a", "b", "c"), 0, "scripted"
 
