@@ -25,6 +25,13 @@ fedhv makes the exit its own, so it happens in order:
 
 On a cluster (``--address``) none of this is set up: Ray ends a dead driver's tasks itself.
 Nothing here imports ``ray``.
+
+What this cannot prevent: the raylet's parent-death signal comes when the driver's thread that
+started it exits, which can be a few milliseconds after the driver's sockets close. A raylet that
+sees the closed socket first ends the driver's leased workers at once ("Killing leased worker because
+its owner died" in ``raylet.out``; 6 ms from disconnect to exit where the raylet survives, under
+``ray start``), before any checkpoint. Such a run keeps its last periodic checkpoint, as a ``fedhv run``
+killed with ``kill -9`` does (docs/cluster.md).
 """
 
 from __future__ import annotations

@@ -210,6 +210,34 @@ def with_suppress_kill(pid: int) -> None:
         pass
 
 
+class _Verdict:
+    """Whether the raylet ended the task's worker (truthy), with what the logs say when it did not."""
+
+    def __init__(self, killed: bool, diagnosis: str) -> None:
+        self.killed, self.diagnosis = killed, diagnosis
+
+    def __bool__(self) -> bool:
+        return self.killed
+
+
+def _raylet_killed_task_worker(ray_tmpdir: Path) -> _Verdict:
+    """Whether the only Ray session under ``ray_tmpdir`` logged ending the worker that ran ``task_job``
+    (``raylet.out``: "Killing leased worker because its owner died" / "... its job finished", the worker's
+    id named), as Ray's raylet does when it notices a dead driver before its own fate-sharing signal."""
+    sessions = sorted((ray_tmpdir / "ray").glob("session_2*"))
+    if len(sessions) != 1:
+        return _Verdict(False, f"expected one Ray session under {ray_tmpdir}, found {sessions}")
+    logs = sessions[0] / "logs"
+    task_workers = [f.name.split("-")[1] for f in logs.glob("worker-*.err") if ":task_name:task_job" in f.read_text()]
+    raylet = (logs / "raylet.out").read_text(errors="replace").splitlines()
+    lines = [x for x in raylet if "state-dump" not in x]
+    killed = [x for x in lines if "Killing leased worker" in x and any(f"worker_id={w}" in x for w in task_workers)]
+    tails = {f.name: f.read_text(errors="replace")[-1500:] for f in logs.glob("python-core-worker-*.log")
+             if any(w in f.name for w in task_workers)}
+    return _Verdict(bool(task_workers and killed),
+                    f"task workers {task_workers}; raylet.out ends {lines[-8:]}; the task worker's log ends {tails}")
+
+
 #: Ray's dashboard and runtime-env agents of a local instance outlive a driver killed by SIGKILL by
 #: about a minute (they exit on their own once they miss their raylet); everything else dies with it. Either
 #: name: an agent retitles itself once it has started, which on a loaded machine may come after the kill.
@@ -223,8 +251,9 @@ def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_com
         tmp_path: Path, how: signal.Signals) -> None:
     """A local Ray instance of one CPU (no --address), no checkpoint due at round 1; run s0 pauses
     after round 1 and the driver gets ``how``. Ctrl-C: exit 130 naming the stop. kill -9: the tasks
-    see their driver gone and stop. Either way s0 holds a round-1 checkpoint (the interrupt wrote it)
-    and no summary, s1 (queued) never started, the instance's processes are gone (Ray's two agents
+    see their driver gone and stop. Either way s0 holds a round-1 checkpoint (the interrupt wrote it;
+    after kill -9 unless the raylet's log shows it ended the worker first, Ray's race in
+    docs/cluster.md, and s0 then resumes from round 0) and no summary, s1 (queued) never started, the instance's processes are gone (Ray's two agents
     excepted after a kill -9, see above), and the same command finishes both, s0 resumed from round 1."""
     out = tmp_path / "grid"
     args = ["grid", "multimnist", "--methods", "uniform", "--seeds", "0,1", "--rounds", "3", "--quiet",
@@ -279,9 +308,18 @@ def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_com
     for p in seen:  # the agents of a killed driver's instance
         with_suppress_kill(p)
     assert not left, f"the local Ray instance outlived its driver: {names}"
-    assert (s0 / "checkpoint.pt").exists() and not (s0 / "summary.json").exists()
+    resumed_from = 1
+    if how == signal.SIGKILL and not (s0 / "checkpoint.pt").exists():
+        # Ray's race (docs/cluster.md): a raylet that outlives its driver by a few milliseconds ends the
+        # driver's leased workers at once; accepted only when the raylet's own log says it did so
+        killed = _raylet_killed_task_worker(Path(env["RAY_TMPDIR"]))
+        assert killed, "no round-1 checkpoint, and the raylet did not end the task's worker: " + killed.diagnosis
+        resumed_from = 0
+    else:
+        assert (s0 / "checkpoint.pt").exists()
+    assert not (s0 / "summary.json").exists()
     assert not (out / "multimnist" / "uniform" / "s1").exists()  # queued: never started
     env.pop("FEDHV_TEST_PAUSE_AFTER_ROUND")
     res = _fedhv(*args, env=env)
     assert res.returncode == 0 and "2 run(s) finished" in res.stdout, res.stderr[-3000:]
-    assert [json.loads(x)["round"] for x in (s0 / "resumes.jsonl").read_text().splitlines()] == [1]
+    assert [json.loads(x)["round"] for x in (s0 / "resumes.jsonl").read_text().splitlines()] == [resumed_from]
