@@ -216,14 +216,15 @@ def test_both_engines_agree_in_float64(method: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.needs_data
-@pytest.mark.parametrize("method", ["dwa", "rlw", "famo", "stch"])
+@pytest.mark.parametrize("method", ["dwa", "rlw", "famo", "stch", "inverse-loss", "linear"])
 def test_resume_equals_the_uninterrupted_run(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DWA's memory (two reports), RLW's round counter and FAMO's logits and Adam moments go through the
-    checkpoint."""
-    cfg = small_config(f"method='{method}'", "rounds=4", "checkpoint.period=1", "dtype='float64'", "dwa.window=1")
+    checkpoint; inverse loss and linear scalarisation (no state beyond the weights) resume as well."""
+    cfg = small_config(f"method='{method}'", "rounds=4", "checkpoint.period=1", "dtype='float64'",
+                       "linear.weights=[2.0, 1.0]" if method == "linear" else "dwa.window=1")
     assert_resume_is_bit_identical(cfg, tmp_path, monkeypatch)
     assert dataclasses.asdict(cfg.section(method)) == dataclasses.asdict(load_config("multimnist", [
-        f"method='{method}'", "dwa.window=1"]).section(method))
+        f"method='{method}'", "linear.weights=[2.0, 1.0]" if method == "linear" else "dwa.window=1"]).section(method))
 
 
 def test_the_method_objects_configure_their_sections() -> None:
