@@ -210,23 +210,14 @@ def with_suppress_kill(pid: int) -> None:
         pass
 
 
-class _Verdict:
-    """Whether the raylet ended the task's worker (truthy), with what the logs say when it did not."""
-
-    def __init__(self, killed: bool, diagnosis: str) -> None:
-        self.killed, self.diagnosis = killed, diagnosis
-
-    def __bool__(self) -> bool:
-        return self.killed
-
-
-def _raylet_killed_task_worker(ray_tmpdir: Path) -> _Verdict:
+def _raylet_killed_task_worker(ray_tmpdir: Path) -> tuple[bool, str]:
     """Whether the only Ray session under ``ray_tmpdir`` logged ending the worker that ran ``task_job``
     (``raylet.out``: "Killing leased worker because its owner died" / "... its job finished", the worker's
-    id named), as Ray's raylet does when it notices a dead driver before its own fate-sharing signal."""
+    id named), as Ray's raylet does when it notices a dead driver before its own fate-sharing signal; with what
+    the logs say, for the failure message."""
     sessions = sorted((ray_tmpdir / "ray").glob("session_2*"))
     if len(sessions) != 1:
-        return _Verdict(False, f"expected one Ray session under {ray_tmpdir}, found {sessions}")
+        return False, f"expected one Ray session under {ray_tmpdir}, found {sessions}"
     logs = sessions[0] / "logs"
     task_workers = [f.name.split("-")[1] for f in logs.glob("worker-*.err") if ":task_name:task_job" in f.read_text()]
     raylet = (logs / "raylet.out").read_text(errors="replace").splitlines()
@@ -234,8 +225,8 @@ def _raylet_killed_task_worker(ray_tmpdir: Path) -> _Verdict:
     killed = [x for x in lines if "Killing leased worker" in x and any(f"worker_id={w}" in x for w in task_workers)]
     tails = {f.name: f.read_text(errors="replace")[-1500:] for f in logs.glob("python-core-worker-*.log")
              if any(w in f.name for w in task_workers)}
-    return _Verdict(bool(task_workers and killed),
-                    f"task workers {task_workers}; raylet.out ends {lines[-8:]}; the task worker's log ends {tails}")
+    return bool(task_workers and killed), \
+        f"task workers {task_workers}; raylet.out ends {lines[-8:]}; the task worker's log ends {tails}"
 
 
 #: Ray's dashboard and runtime-env agents of a local instance outlive a driver killed by SIGKILL by
@@ -253,8 +244,9 @@ def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_com
     after round 1 and the driver gets ``how``. Ctrl-C: exit 130 naming the stop. kill -9: the tasks
     see their driver gone and stop. Either way s0 holds a round-1 checkpoint (the interrupt wrote it;
     after kill -9 unless the raylet's log shows it ended the worker first, Ray's race in
-    docs/cluster.md, and s0 then resumes from round 0) and no summary, s1 (queued) never started, the instance's processes are gone (Ray's two agents
-    excepted after a kill -9, see above), and the same command finishes both, s0 resumed from round 1."""
+    docs/cluster.md, and s0 then resumes from round 0) and no summary, s1 (queued) never started, the
+    instance's processes are gone (Ray's two agents excepted after a kill -9, see above), and the same
+    command finishes both, s0 resumed from its checkpoint's round."""
     out = tmp_path / "grid"
     args = ["grid", "multimnist", "--methods", "uniform", "--seeds", "0,1", "--rounds", "3", "--quiet",
             *[x for s in SETS for x in ("--set", s)], "--set", "checkpoint.period=0", "--set", "eval.test_period=3",
@@ -312,8 +304,8 @@ def test_a_stopped_or_killed_driver_checkpoints_the_running_run_and_the_same_com
     if how == signal.SIGKILL and not (s0 / "checkpoint.pt").exists():
         # Ray's race (docs/cluster.md): a raylet that outlives its driver by a few milliseconds ends the
         # driver's leased workers at once; accepted only when the raylet's own log says it did so
-        killed = _raylet_killed_task_worker(Path(env["RAY_TMPDIR"]))
-        assert killed, "no round-1 checkpoint, and the raylet did not end the task's worker: " + killed.diagnosis
+        killed, logs = _raylet_killed_task_worker(Path(env["RAY_TMPDIR"]))
+        assert killed, "no round-1 checkpoint, and the raylet did not end the task's worker: " + logs
         resumed_from = 0
     else:
         assert (s0 / "checkpoint.pt").exists()

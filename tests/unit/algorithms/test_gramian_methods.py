@@ -35,6 +35,8 @@ from helpers import ScriptedFederation, assert_resume_is_bit_identical, small_co
 F64 = torch.float64
 RNG = np.random.default_rng(11)
 #: Jacobians with conflicting rows (m = 2, 3, 4) whose Gramians the rules are tested on.
+#: Every method on a Gramian exchange (the rules FSMGDA and FedCMOO added, FedMGDA+, FedCMOO-Pref).
+GRAMIAN_METHODS = [n for n in METHODS.names() if n.startswith(("fsmgda-", "fedcmoo-")) or n == "fedmgda-plus"]
 JACOBIANS = [np.array([[1.0, 0.2, -0.3], [-0.8, 0.9, 0.1]]),
              RNG.normal(size=(3, 6)) * np.array([[1.0], [0.1], [3.0]]),
              RNG.normal(size=(4, 7))]
@@ -291,9 +293,8 @@ def test_the_state_goes_through_the_plain_form_and_bad_states_are_refused() -> N
 
 
 def test_every_gramian_method_is_registered_with_its_exchanges_rates_and_labels() -> None:
-    names = [n for n in METHODS.names() if n.startswith(("fsmgda-", "fedcmoo-")) or n == "fedmgda-plus"]
-    assert len(names) == 14
-    for n in names:
+    assert len(GRAMIAN_METHODS) == 14
+    for n in GRAMIAN_METHODS:
         cls = METHODS[n]
         assert cls.rates_from == ("fedcmoo" if n.startswith("fedcmoo") else "fsmgda")
         assert cls.secure_aggregation == (not n.startswith("fedcmoo"))
@@ -328,10 +329,6 @@ def test_a_missing_torchjd_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 # ------------------------------------------------------------------------------------ real runs
-#: Every method on a Gramian exchange (the rules FSMGDA and FedCMOO added, FedMGDA+, FedCMOO-Pref).
-GRAMIAN_METHODS = [n for n in METHODS.names() if n.startswith(("fsmgda-", "fedcmoo-")) or n == "fedmgda-plus"]
-
-
 @pytest.mark.needs_data
 @pytest.mark.parametrize("method", GRAMIAN_METHODS)
 def test_both_engines_agree_in_float64_and_count_their_exchanges_bytes(method: str, tmp_path: Path) -> None:
