@@ -56,7 +56,7 @@ from fedhv.data.node_file import node_data_file
 from fedhv.flower.control import running_runs, start_run, stop_run
 from fedhv.flower.follow import Stopped, follow_run, sigterm_raises
 from fedhv.flower.lifetime import MARK, marked, signal_all, sweep
-from fedhv.flower.procs import FlowerRunError, console_script, free_ports, wait_port
+from fedhv.flower.procs import FlowerRunError, console_script, free_ports, until_listening, wait_port
 from fedhv.flower.runconf import app_pyproject, default_out, local_config, resume_config
 from fedhv.procfs import cmdline, session_children
 from fedhv.safe_path import SAFE_PATH_ENV
@@ -137,6 +137,31 @@ class Deployment:
                 self.procs.append((name, proc))
         return proc
 
+    def start_listening(self, name: str, command: Callable[[int], list[str]]) -> tuple[subprocess.Popen[bytes], int]:
+        """Start ``command(port)`` as ``name`` on a fresh free port and wait until it listens there;
+        returns the process and its port.
+
+        Between :func:`~fedhv.flower.procs.free_ports` and the process's bind another process may
+        take the port (tests and other deployments choose ports at the same time): the process is
+        then stopped and started again on a new port, up to
+        :data:`~fedhv.flower.procs.PORT_ATTEMPTS` times, with a note on stderr each time
+        (:func:`~fedhv.flower.procs.until_listening`).
+        """
+        def launch() -> tuple[subprocess.Popen[bytes], int]:
+            port = free_ports(1)[0]
+            return self.start(name, command(port)), port
+
+        proc, port = launch()
+        return until_listening(name, proc, port, self.workdir, launch, self.forget)
+
+    def forget(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop ``proc`` (a process this deployment started) and drop it from the deployment."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self.procs = [(name, p) for name, p in self.procs if p is not proc]
+
     def node_key(self, name: str) -> Path:
         """A fresh SuperNode authentication key pair in the work directory; returns the private key."""
         from fedhv.flower.certs import make_node_key
@@ -177,15 +202,15 @@ class Deployment:
         its ClientApp process); ``key``: its authentication private key. Returns the SuperNode process."""
         name, node, port = self._launch_node(k, key, name)
         if clientapp:
-            self._attach_clientapp(name, node, port)
+            node = self._attach_clientapp(k, key, name, node, port)
         return node
 
     def start_nodes(self, keys: list[Path | None]) -> None:
         """Start SuperNode ``k`` with ``keys[k]`` for every ``k`` at once, then their ClientApp processes
         (each once its SuperNode listens): the nodes' start-up (imports) overlaps."""
-        launched = [self._launch_node(k, key) for k, key in enumerate(keys)]
-        for name, node, port in launched:
-            self._attach_clientapp(name, node, port)
+        launched = [(k, key, *self._launch_node(k, key)) for k, key in enumerate(keys)]
+        for k, key, name, node, port in launched:
+            self._attach_clientapp(k, key, name, node, port)
 
     def _launch_node(self, k: int, key: Path | None, name: str | None = None
                      ) -> tuple[str, subprocess.Popen[bytes], int]:
@@ -211,13 +236,17 @@ class Deployment:
         ])
         return name, node, port
 
-    def _attach_clientapp(self, name: str, node: subprocess.Popen[bytes], port: int) -> None:
-        """Under ``process`` isolation: the SuperNode's long-lived ClientApp process, once it listens."""
+    def _attach_clientapp(self, k: int, key: Path | None, name: str, node: subprocess.Popen[bytes], port: int
+                          ) -> subprocess.Popen[bytes]:
+        """Under ``process`` isolation: the SuperNode's long-lived ClientApp process, once the SuperNode
+        listens (started again on a new port while another process holds its port). Returns the SuperNode."""
         if self.isolation == "process":
-            wait_port(port, node, name, self.workdir)
+            node, port = until_listening(name, node, port, self.workdir, lambda: self._launch_node(k, key, name)[1:],
+                                         self.forget)
             self.start(name.replace("supernode", "clientapp"), [
                 sys.executable, "-m", "fedhv.flower.executor", "--runtime-api-address", f"127.0.0.1:{port}",
                 "--parent-pid", str(node.pid)])
+        return node
 
     @property
     def pids(self) -> list[int]:
@@ -381,7 +410,6 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
     # Flower starts flwr-serverapp / flower-superexec / flwr-clientapp from PATH: this interpreter's first.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env = {**os.environ, **FLWR_ENV, "FLWR_HOME": str(home), "PATH": path, MARK: uuid.uuid4().hex}
-    link_port = free_ports(1)[0]  # flwr 1.42: one HTTP port for Fleet, Control and Runtime APIs
     link_tls = ["--insecure"]
     conn = "insecure = true"
     root = None
@@ -393,28 +421,30 @@ def local_deployment(nodes: int, *, isolation: str = "process", poll_s: float | 
         link_tls = ["--ssl-ca-certfile", root, "--ssl-certfile", str(paths["cert"]), "--ssl-keyfile",
                     str(paths["key"])] + (["--enable-supernode-auth"] if auth else [])
         conn = f"root-certificates = {json.dumps(root)}"
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{conn}\n')
     if poll_s is not None:
         env["FEDHV_SUPERNODE_POLL_S"] = str(poll_s)
     supernode_cmd = [console_script("flower-supernode")] if poll_s is None else [sys.executable, "-m", "fedhv.flower.supernode"]
-    dep = Deployment(workdir, env, nodes, link_port, root, isolation, supernode_cmd, auth, data_dir, secure,
+    dep = Deployment(workdir, env, nodes, 0, root, isolation, supernode_cmd, auth, data_dir, secure,
                      allow_benchmarks=tuple(allow_benchmarks), node_root=node_root, node_download=node_download)
     ok = False
     try:
         dep.start_watchdog()
-        dep.link_cmd = [console_script("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
-                        "--host", "127.0.0.1", "--port", str(link_port),
-                        "--database", str(workdir / "superlink.db")]  # state kept across a restart
-        link = dep.start("superlink", dep.link_cmd)
-        wait_port(link_port, link, "superlink", workdir)
+
+        def superlink(port: int) -> list[str]:  # flwr 1.42: one HTTP port for Fleet, Control and Runtime APIs
+            (home / "config.toml").write_text(
+                f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\n{conn}\n')
+            dep.port = port
+            dep.link_cmd = [console_script("flower-superlink"), *link_tls, "--disable-runtime-dependency-installation",
+                            "--host", "127.0.0.1", "--port", str(port),
+                            "--database", str(workdir / "superlink.db")]  # state kept across a restart
+            return dep.link_cmd
+
+        dep.start_listening("superlink", superlink)
         if gate:  # node hosts get the Fleet API only; the Control API stays on the SuperLink's port
-            dep.fleet_port = free_ports(1)[0]
-            gate_proc = dep.start("gate", [
-                sys.executable, "-m", "fedhv.flower.gate", "--listen", f"127.0.0.1:{dep.fleet_port}",
-                "--upstream", f"127.0.0.1:{link_port}", "--certfile", str(paths["cert"]), "--keyfile",
-                str(paths["key"]), "--upstream-ca", str(paths["ca"])])
-            wait_port(dep.fleet_port, gate_proc, "gate", workdir)
+            dep.fleet_port = dep.start_listening("gate", lambda port: [
+                sys.executable, "-m", "fedhv.flower.gate", "--listen", f"127.0.0.1:{port}",
+                "--upstream", f"127.0.0.1:{dep.port}", "--certfile", str(paths["cert"]), "--keyfile",
+                str(paths["key"]), "--upstream-ca", str(paths["ca"])])[1]
         keys: list[Path | None] = [dep.node_key(f"node-{k}") if auth else None for k in range(nodes)]
         if auth:
             dep.register(*[key for key in keys if key is not None])
