@@ -57,7 +57,7 @@ from fedhv.flower.control import running_runs, start_run, stop_run
 from fedhv.flower.follow import Stopped, follow_run, sigterm_raises
 from fedhv.flower.lifetime import MARK, marked, signal_all, sweep
 from fedhv.flower.procs import FlowerRunError, console_script, free_ports, until_listening, wait_port
-from fedhv.flower.runconf import app_pyproject, default_out, local_config, resume_config
+from fedhv.flower.runconf import app_pyproject, default_out, hold_run_dir, local_config, resume_config
 from fedhv.procfs import cmdline, session_children
 from fedhv.safe_path import SAFE_PATH_ENV
 
@@ -474,7 +474,7 @@ def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, 
     allow = (run_cfg.data.benchmark,) if run_cfg is not None and ":" in run_cfg.data.benchmark else ()
     root = str(Path(run_cfg.data.root).resolve()) if run_cfg is not None and run_cfg.data.root else None
     download = bool(run_cfg is not None and run_cfg.data.download)
-    held = _hold(resume if resume is not None else out, resume is not None)
+    held = hold_run_dir(resume if resume is not None else out, resume is not None)
     try:
         with local_deployment(nodes, isolation=isolation, poll_s=poll_s, keep_workdir=keep_workdir, tls=tls,
                               auth=auth, node_data=node_data, secure=secure, allow_benchmarks=allow, node_root=root,
@@ -487,17 +487,3 @@ def run_local(cfg: RunConfig | None, nodes: int, out: str | Path | None = None, 
     finally:
         if held is not None:
             held.close()
-
-
-def _hold(run_dir: str | Path | None, resume: bool) -> Any:
-    """The lock of an existing run directory (a run to resume, or an ``--out`` that holds a lock
-    file), taken before any process starts: a directory another process uses is refused at once
-    (:class:`~fedhv.results.rundir.RunDirBusy`) instead of after a whole deployment started."""
-    from fedhv.results.rundir import LOCK_FILE, RunDir
-
-    if run_dir is None:
-        return None
-    path = Path(run_dir)
-    if not resume and (not path.is_dir() or not (path / LOCK_FILE).exists()):
-        return None
-    return RunDir(path)

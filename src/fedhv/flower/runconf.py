@@ -1,5 +1,5 @@
 """The configuration side of a Flower run of fedhv: the setting with one client per SuperNode,
-the generated app's ``pyproject.toml``, a run directory's configuration to resume, and the
+the generated app's ``pyproject.toml``, a run directory's configuration to resume and its lock, and the
 default run directory name (shared by ``fedhv flower local`` and the Flower App)."""
 
 from __future__ import annotations
@@ -217,3 +217,17 @@ def default_out(cfg: RunConfig) -> Path:
     """``runs/<setting>-<method>-s<seed>-flower-<time>`` (not created here: the ServerApp claims it)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{Path(cfg.setting).stem}-{cfg.method}-s{cfg.seed}-flower-{stamp}"
+
+
+def hold_run_dir(run_dir: str | Path | None, resume: bool) -> Any:
+    """The lock of an existing run directory (a run to resume, or an ``--out`` that holds a lock
+    file), taken before any process starts: a directory another process uses is refused at once
+    (:class:`~fedhv.results.rundir.RunDirBusy`) instead of after a whole deployment started."""
+    from fedhv.results.rundir import LOCK_FILE, RunDir
+
+    if run_dir is None:
+        return None
+    path = Path(run_dir)
+    if not resume and (not path.is_dir() or not (path / LOCK_FILE).exists()):
+        return None
+    return RunDir(path)
