@@ -138,12 +138,17 @@ class EvalConfig:
 
     The test set is evaluated after round ``t`` (1-based) when
     ``t % test_period == 0``, and after the last round when ``final`` is true.
+
+    ``splits`` names the evaluated sets (``"test"``, ``"val"``); empty (the default) is the test set
+    and, where the data holds one, the server-side validation set (every built-in benchmark does;
+    a :class:`~fedhv.FederatedDataset` given ``validation=``). ``metrics.jsonl`` keeps the test
+    metrics at the top level and the validation metrics under ``"val"``; tuning reads only these.
     """
 
     test_period: int = 3
     final: bool = True
     batch_size: int = 2500
-    splits: tuple[str, ...] = ("test",)
+    splits: tuple[str, ...] = ()
     #: HV offsets ``r^eval`` of ``HV = prod_i max(r^eval_i - l_i, 0)``: one for every task or
     #: one per task (paper C.1: 3 for every task).
     hv_reference: float | tuple[float, ...] = 3.0

@@ -241,7 +241,7 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
     for split in e.splits:
         choice("eval.splits entry", split, ("val", "test"))
     # The summary and the tables report the test metrics: refuse a run that never evaluates them.
-    if "test" not in e.splits:
+    if e.splits and "test" not in e.splits:
         raise ConfigError(
             f"eval.splits = {list(e.splits)} has no \"test\": the run would never evaluate the test set that "
             "summary.json reports; add it, e.g. eval.splits = [\"test\", \"val\"]"

@@ -21,6 +21,12 @@ Partitions (``partition=``):
   unless it equals the number of distinct ids. :attr:`FederatedDataset.client_ids` maps
   client ``c`` back to its id.
 
+A server-side validation set (``validation=``), for choices made before the test set is read (tuning,
+early stopping): tensors of its own, or a fraction ``f`` in (0, 1) of the training rows, drawn from the
+stream ``(seed, "val-split")`` and carved off *before* the partition, so no client holds them (with a
+partition given as index lists, drawn from the rows no client holds; more than that pool is refused).
+Runs evaluate it beside the test set (``metrics.jsonl``'s ``"val"``).
+
 A client with fewer samples than the batch size takes every minibatch from a stream of
 its shuffled epochs, so a batch repeats samples (:func:`fedhv.sim.plan.epoch_batches`),
 on every engine and on Flower.
@@ -45,6 +51,7 @@ from fedhv.data.partition import dirichlet_partition, disjoint_dirichlet_partiti
 from fedhv.data.parts import ClientParts, RaggedParts
 from fedhv.errors import ConfigError
 from fedhv.objectives import Task, TaskObjective, as_tasks
+from fedhv.rng import numpy_rng
 
 TensorLike = torch.Tensor | np.ndarray
 
@@ -168,6 +175,39 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
     return RaggedParts(rows), ids_out
 
 
+def _carve(validation: float, n: int, listed: Sequence[Sequence[int]] | None, seed: int) -> np.ndarray:
+    """The sorted rows of a validation fraction: ``round(f n)`` rows from the stream ``(seed, "val-split")``,
+    among all ``n`` rows, or (a partition given as index lists) among the rows no client holds."""
+    if isinstance(validation, bool) or not isinstance(validation, numbers.Real) or not 0 < float(validation) < 1:
+        raise ConfigError(f"validation = {validation!r} must be a fraction in (0, 1) of the training rows or "
+                          "(x_val, targets_val); e.g. validation=0.1")
+    k = round(float(validation) * n)
+    if k < 1:
+        raise ConfigError(f"validation = {validation} of {n} training rows is no row; give a larger fraction "
+                          f"(at least {1 / n:.2g})")
+    pool = np.arange(n)
+    if listed is not None:
+        held = np.zeros(n, dtype=bool)
+        for rows in listed:
+            held[np.asarray(rows, dtype=np.int64)] = True
+        pool = np.flatnonzero(~held)
+        if k > len(pool):
+            raise ConfigError(f"validation = {validation} needs {k} rows but only {len(pool)} of the {n} training "
+                              "rows are held by no client (the partition lists the others); give a fraction of at "
+                              f"most {len(pool) / n:.3g} or (x_val, targets_val)")
+    order = numpy_rng(seed, "val-split").permutation(len(pool))
+    return np.sort(pool[order[:k]])
+
+
+def _given_split(pair: tuple[Any, Any], tasks: tuple[Task, ...], what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, targets)`` of a test or validation set, checked as the training rows are."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ConfigError(f"{what} must be a pair (x, targets); got {type(pair).__name__}")
+    tx = _tensor(pair[0], f"{what}[0]")
+    check_inputs(tx, f"{what}[0]")
+    return tx, _targets(pair[1], tasks, len(tx), f"{what}[1]")
+
+
 @dataclass
 class FederatedDataset:
     """Training tensors split among clients, optional test tensors, and the tasks.
@@ -184,6 +224,8 @@ class FederatedDataset:
     extra: dict[str, object] = field(default_factory=dict)
     #: Client ``c``'s id: its natural id under ``partition="ids"``, else ``c`` itself.
     client_ids: tuple[Any, ...] = ()
+    #: The server-side validation set ``(x, y)`` (no client holds it), or ``None``.
+    validation: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         """Give each client its id (``c`` by default); refuse a wrong number of ids."""
@@ -208,7 +250,9 @@ class FederatedDataset:
                      partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
                      samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
                      strata: TensorLike | None = None, ids: TensorLike | None = None,
-                     test: tuple[TensorLike, TensorLike | Sequence[TensorLike]] | None = None) -> FederatedDataset:
+                     test: tuple[TensorLike, TensorLike | Sequence[TensorLike]] | None = None,
+                     validation: float | tuple[TensorLike, TensorLike | Sequence[TensorLike]] | None = None
+                     ) -> FederatedDataset:
         """Partition ``(x, targets)`` among clients (see the module docstring for ``partition``).
 
         Parameters
@@ -226,26 +270,40 @@ class FederatedDataset:
             refused); refused with another partition.
         test : (x_test, targets_test), optional
             Evaluation data (no evaluation without it).
+        validation : float or (x_val, targets_val), optional
+            The server-side validation set (module docstring): its own tensors, or a fraction in
+            (0, 1) of the training rows carved off before the partition (``seed`` draws them).
         """
         ts = as_tasks(tasks)
         seed = as_seed("seed", seed)
         xt = _tensor(x, "x")
         check_inputs(xt, "x")
         y = _targets(targets, ts, len(xt), "targets")
+        val_t = None
+        if isinstance(validation, (tuple, list)):
+            val_t = _given_split(validation, ts, "validation")
+        elif validation is not None:
+            listed = None if isinstance(partition, str) else partition
+            rows = _carve(validation, len(xt), listed, seed)
+            val_t = (xt[torch.from_numpy(rows)], y[torch.from_numpy(rows)])
+            if listed is None:  # the rule partitions the remaining rows
+                keep = torch.from_numpy(np.setdiff1d(np.arange(len(xt)), rows))
+                xt, y = xt[keep], y[keep]
+                strata = None if strata is None else np.asarray(strata)[keep.numpy()]
+                if ids is not None:
+                    ids = (np.asarray(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids,
+                                      dtype=object)[keep.numpy()])
         parts, client_ids = _partition(partition, len(xt), y, ts, clients, samples_per_client, alpha, seed, strata,
                                        ids)
-        test_t = None
-        if test is not None:
-            tx = _tensor(test[0], "test[0]")
-            check_inputs(tx, "test[0]")
-            test_t = (tx, _targets(test[1], ts, len(tx), "test[1]"))
-        return cls(ts, xt, y, parts, test_t, client_ids=client_ids or ())
+        test_t = None if test is None else _given_split(test, ts, "test")
+        return cls(ts, xt, y, parts, test_t, client_ids=client_ids or (), validation=val_t)
 
     @classmethod
     def from_datasets(cls, train: Any, test: Any | None = None, tasks: Sequence[Task | str] = (), *,
                       partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
                       samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
                       strata: TensorLike | None = None, ids: TensorLike | None = None,
+                      validation: float | Any | None = None,
                       max_bytes: int | None = None, progress: bool = True) -> FederatedDataset:
         """Materialise map-style datasets once to tensors, then partition as :meth:`from_tensors`.
 
@@ -258,6 +316,9 @@ class FederatedDataset:
             element) is the natural id used by ``partition="ids"`` when ``ids`` is not given.
         tasks, partition, clients, samples_per_client, alpha, seed, strata, ids
             As for :meth:`from_tensors`.
+        validation : float or torch.utils.data.Dataset, optional
+            A fraction of ``train`` carved off before the partition (:meth:`from_tensors`), or a
+            map-style dataset of validation items.
         max_bytes : int, optional
             Memory the materialised tensors may take (default: half of the available RAM,
             ``os.sysconf``). The size is estimated before loading as
@@ -277,8 +338,12 @@ class FederatedDataset:
                                   "dataset return (x, y, client_id) items")
             ids = found_ids
         test_t = None if x_test is None or y_test is None else (x_test, y_test)
+        val: Any = validation
+        if validation is not None and not isinstance(validation, numbers.Real):
+            x_val, y_val, _, _, _ = materialize(validation, None, width, max_bytes, progress)
+            val = (x_val, y_val)
         data = cls.from_tensors(x, y, ts, partition=partition, clients=clients, samples_per_client=samples_per_client,
-                                alpha=alpha, seed=seed, strata=strata, ids=ids, test=test_t)
+                                alpha=alpha, seed=seed, strata=strata, ids=ids, test=test_t, validation=val)
         data.extra["source"] = {"train": type(train).__name__, "test": None if test is None else type(test).__name__}
         return data
 
@@ -288,7 +353,7 @@ class FederatedDataset:
                 partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
                 samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
                 strata: TensorLike | None = None, ids: str | None = None, cache: bool = True,
-                progress: bool = True) -> FederatedDataset:
+                validation: float | Any | None = None, progress: bool = True) -> FederatedDataset:
         """A Hugging Face ``datasets.Dataset`` split among clients (``pip install 'fedhv[hf]'``).
 
         Parameters
@@ -311,6 +376,10 @@ class FederatedDataset:
             ``ids`` names the natural-id column of ``partition="ids"``.
         cache : bool
             Keep decoded images in fedhv's cache folder (keyed by the dataset's fingerprint).
+        validation : float or datasets.Dataset, optional
+            A fraction of ``dataset``'s rows carved off before the partition (:meth:`from_tensors`;
+            not with a ``partitioner``, which places every row), or validation rows with ``dataset``'s
+            columns.
         """
         from fedhv.data.hf import check_dataset, input_tensor, partition_rows, resolve_tasks, target_tensors
 
@@ -322,14 +391,21 @@ class FederatedDataset:
         if test is not None:
             check_dataset(test, "test")
             test_t = (input_tensor(test, features, cache, progress)[0], target_tensors(test, ts, columns))
+        val: Any = validation
+        if validation is not None and not isinstance(validation, numbers.Real):
+            check_dataset(validation, "validation")
+            val = (input_tensor(validation, features, cache, progress)[0], target_tensors(validation, ts, columns))
         if partitioner is not None:
+            if val is not None and not isinstance(val, tuple):
+                raise ConfigError(f"validation = {validation!r} with a partitioner: the partitioner places every row; "
+                                  "pass validation rows as a datasets.Dataset instead of a fraction")
             given = {"partition": partition != "dirichlet", "clients": clients is not None, "ids": ids is not None,
                      "samples_per_client": samples_per_client is not None, "strata": strata is not None}
             if any(given.values()):
                 raise ConfigError(f"{', '.join(k for k, v in given.items() if v)}: the partitioner decides the clients; "
                                   "drop these or the partitioner")
             rows, natural = partition_rows(dataset, partitioner)
-            data = cls.from_tensors(x, y, ts, partition=[r.tolist() for r in rows], test=test_t)
+            data = cls.from_tensors(x, y, ts, partition=[r.tolist() for r in rows], test=test_t, validation=val)
             if natural is not None:
                 data.client_ids = natural
             source["partitioner"] = type(partitioner).__name__
@@ -342,7 +418,7 @@ class FederatedDataset:
                 id_values = np.asarray(dataset[ids])
             data = cls.from_tensors(x, y, ts, partition=partition, clients=clients,
                                     samples_per_client=samples_per_client, alpha=alpha, seed=seed, strata=strata,
-                                    ids=id_values, test=test_t)
+                                    ids=id_values, test=test_t, validation=val)
         data.extra["source"] = {"hf": getattr(dataset, "_fingerprint", None), "features": features, **{
             k: v for k, v in source.items() if k != "cache"}}
         return data
@@ -351,7 +427,9 @@ class FederatedDataset:
         """What ``environment.json`` records about the data (``"data"``)."""
         sizes = self.client_sizes
         return {"source": "fedhv.FederatedDataset", "train_samples": len(self.x),
-                "test_samples": 0 if self.test is None else len(self.test[0]), "clients": self.num_clients,
+                "test_samples": 0 if self.test is None else len(self.test[0]),
+                "validation_samples": 0 if self.validation is None else len(self.validation[0]),
+                "clients": self.num_clients,
                 "empty_clients": sum(1 for s in sizes if s == 0),
                 "samples_per_client": {"min": min(sizes), "max": max(sizes)},
                 "x_shape": list(self.x.shape[1:]), "x_dtype": str(self.x.dtype), **self.extra}
@@ -362,6 +440,8 @@ class FederatedDataset:
         tensors = [self.x, self.y, *(self.parts[c] for c in range(self.num_clients))]
         if self.test is not None:
             tensors += list(self.test)
+        if self.validation is not None:
+            tensors += [*self.validation]
         for t in tensors:
             t = t.detach().cpu().contiguous()
             h.update(f"{t.dtype}{list(t.shape)}".encode())
@@ -373,7 +453,8 @@ class FederatedDataset:
         def conv(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
 
-        evals = {} if self.test is None else {"test": (conv(self.test[0]), self.test[1].to(device, dtype))}
+        sets = {"test": self.test, "val": self.validation}
+        evals = {name: (conv(pair[0]), pair[1].to(device, dtype)) for name, pair in sets.items() if pair is not None}
         return FederatedData(
             task_names=tuple(t.name for t in self.tasks), num_classes=tuple(t.size for t in self.tasks),
             train_x=conv(self.x), train_y=self.y.to(device, dtype), parts=self.parts.to(device),

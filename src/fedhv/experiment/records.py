@@ -14,6 +14,7 @@ import torch
 
 from fedhv.config.schema import RunConfig
 from fedhv.data.federated import FederatedData
+from fedhv.errors import ConfigError
 from fedhv.experiment.accounting import RunTotals
 from fedhv.experiment.checkpoint import ResumeError
 from fedhv.experiment.loop import RoundRecord
@@ -25,11 +26,33 @@ from fedhv.results.rundir import write_atomic_with
 from fedhv.sim.precision import amp_module
 
 
+def evaluated_splits(cfg: RunConfig, data: FederatedData) -> tuple[str, ...]:
+    """The sets a run evaluates: ``eval.splits``, or (empty, the default) ``"test"`` and, where the
+    data holds a validation set, ``"val"``.
+
+    Raises
+    ------
+    ConfigError
+        When ``eval.splits`` names a set the data does not hold (checked before round 1).
+    """
+    if not cfg.eval.splits:
+        return tuple(split for split in ("test", "val") if split in data.eval_sets)
+    missing = [split for split in cfg.eval.splits if split not in data.eval_sets]
+    if missing:
+        fix = ("give the FederatedDataset validation= (a fraction of the training rows or its own tensors)"
+               if "val" in missing else "give the data a test set")
+        raise ConfigError(f"eval.splits = {list(cfg.eval.splits)}: the data of data.benchmark = "
+                          f"{cfg.data.benchmark!r} holds no {' or '.join(map(repr, missing))} set; {fix}, or "
+                          "leave eval.splits unset (the sets the data holds)")
+    return cfg.eval.splits
+
+
 def evaluate(cfg: RunConfig, evaluator: MultiTaskModel, theta: torch.Tensor, data: FederatedData) -> dict[str, Any]:
-    """Test metrics (top level) and other configured splits (nested) of ``theta``."""
+    """Test metrics (top level) and the other evaluated sets' (nested, ``entry["val"]``) of ``theta``
+    (:func:`evaluated_splits`)."""
     set_flat(evaluator, theta)
     entry: dict[str, Any] = {}
-    for split in cfg.eval.splits:
+    for split in evaluated_splits(cfg, data):
         values = evaluate_record(amp_module(evaluator, cfg.precision), *data.eval_sets[split],
                                  cfg.eval.batch_size, data.objective, list_or_float(cfg.eval.hv_reference))
         if split == "test":

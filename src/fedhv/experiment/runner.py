@@ -53,6 +53,7 @@ from fedhv.experiment.method_setup import MethodSetup, add_diagnostics_reference
 from fedhv.experiment.problem import Problem
 from fedhv.experiment.records import (  # noqa: F401 - evaluate, summarize re-exported
     evaluate,
+    evaluated_splits,
     evaluation_entry,
     restore_buffers,
     summarize,
@@ -175,6 +176,7 @@ def _prepare(cfg: RunConfig, progress: bool, calibration: CalibrationResult | No
         torch.set_num_threads(cfg.threads)
     problem = problem.for_config(cfg) if problem is not None else Problem.of(cfg)
     data = problem.data(cfg)
+    evaluated_splits(cfg, data)  # a named set the data lacks is refused before the calibration
     bars = hooks.progress if hooks is not None and hooks.progress is not None else _bar_factory(progress)
     setup = build_method(cfg, data, bars, calibration, federation_factory, method, problem)
     if cfg.diagnostics.enabled:
