@@ -6,7 +6,16 @@ registers the built-in methods.
 """
 
 from fedhv.algorithms import aggregators, fedcmoo_pref, fedmgda_plus  # noqa: F401  (register the Gramian methods)
-from fedhv.algorithms.base import Algorithm, Federation, Replies, Request, StepResult, fedavg_step, mean_update
+from fedhv.algorithms.base import (
+    Algorithm,
+    Federation,
+    Replies,
+    Request,
+    StepDraw,
+    StepResult,
+    fedavg_step,
+    mean_update,
+)
 from fedhv.algorithms.dwa import DWA, DWAConfig
 from fedhv.algorithms.famo import FAMO, FAMOConfig
 from fedhv.algorithms.fedcmoo import FedCMOO, FedCMOOAlgorithm, FedCMOOConfig, FedCMOOState
@@ -14,7 +23,7 @@ from fedhv.algorithms.fedhv import FedHV, FedHVAlgorithm, FedHVConfig, FedHVStat
 from fedhv.algorithms.fsmgda import FSMGDA, FSMGDAAlgorithm, FSMGDAConfig, FSMGDAState
 from fedhv.algorithms.inverse_loss import InverseLoss, InverseLossConfig
 from fedhv.algorithms.linear import Linear, LinearConfig
-from fedhv.algorithms.loss_only import LossOnlyAlgorithm, LossOnlyMethod, LossOnlyState
+from fedhv.algorithms.loss_only import LossOnlyAlgorithm, LossOnlyMethod, LossOnlyState, ScaledLossOnlyState
 from fedhv.algorithms.method import BuildContext, Built, Method, register
 from fedhv.algorithms.rlw import RLW, RLWConfig
 from fedhv.algorithms.stch import STCH, STCHConfig
@@ -55,6 +64,8 @@ __all__ = [
     "Replies",
     "Request",
     "STCHConfig",
+    "ScaledLossOnlyState",
+    "StepDraw",
     "StepResult",
     "Uniform",
     "UniformAlgorithm",

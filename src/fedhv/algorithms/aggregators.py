@@ -13,19 +13,30 @@ averaged task updates) and ``fedcmoo-<rule>`` on FedCMOO's (randomized-SVD Gram 
   averaged: ``w = sum_i proj(e_i / m)``. ``reg_eps = 1e-4`` (torchjd's quadprog projector; relative to the
   trace, see :func:`~fedhv.algorithms.gramian.torchjd_weights`).
 - **DualProj** (Lopez-Paz & Ranzato, GEM, NeurIPS 2017): the mean direction projected onto the dual cone.
-- **CAGrad** (Liu et al., NeurIPS 2021): ``c = 0.5`` (the authors' MTL default), ``w = 1/m + (sqrt(phi) /
-  ||J^T w*||) w*``, ``sqrt(phi) = c ||g_0||``; torchjd solves the inner problem with Clarabel where the authors'
-  code (``Cranial-XIX/CAGrad``) uses SciPy's SLSQP. Their multi-task scripts then divide the direction by
-  ``1 + c^2`` (``rescale = 1``); fedhv does not (a factor ``0.8`` on ``eta_g`` at ``c = 0.5``).
+- **CAGrad** (Liu et al., NeurIPS 2021): ``w = 1/m + (sqrt(phi) / ||J^T w*||) w*``, ``sqrt(phi) = c ||g_0||``,
+  ``w* = argmin_{w in simplex} w^T G 1/m + sqrt(phi) sqrt(w^T G w)``; ``c = 0.4``, the value the authors'
+  multi-task scripts run (``Cranial-XIX/CAGrad``, ``nyuv2/run.sh`` and ``cityscapes/run.sh``: ``--alpha 0.4``;
+  the function's own default is 0.5). Their ``cagrad`` then divides the direction by ``1 + c^2``
+  (``rescale = 1``, its default); here that is the option ``rescale = true`` (default ``false``: torchjd's
+  weights as they are, a factor ``1 + c^2 = 1.16`` on ``eta_g`` against the authors' scripts). Remaining
+  differences: torchjd solves the inner problem with cvxpy + Clarabel where the authors use SciPy's SLSQP
+  (solver tolerance), and the authors add ``1e-8`` inside ``||g_0||`` and the norms (negligible on ``G /
+  trace(G)``).
 - **PCGrad** (Yu et al., NeurIPS 2020): each task's direction, in a random order, stripped of its conflicting
   components. The authors sum the projected gradients; fedhv takes their mean (torchjd's weights ``/ m``: a
   factor ``1/m`` on ``eta_g``). The order is drawn from the run's counter-based stream
   ``(seed, "pcgrad", round)`` (torchjd draws it from torch's global generator, which fedhv forks and seeds).
 - **IMTL-G** (Liu et al., ICLR 2021): the direction with equal projections on every task's unit direction,
   ``w = G^+ d / sum(G^+ d)``, ``d_i = sqrt(G_ii)`` (torchjd's pseudo-inverse generalisation).
-- **Aligned-MTL** (Senushkin et al., CVPR 2023): ``w = B 1/m``, ``B = sqrt(lambda_min) V Sigma^{-1/2} V^T``
-  from the eigendecomposition of ``G`` (``scale_mode = "min"``, the paper's Algorithm 1 and torchjd's
-  default; torchjd notes that the authors' code used ``"rmse"``, the mean eigenvalue; ``"median"`` too).
+- **Aligned-MTL** (Senushkin et al., CVPR 2023): ``w = B 1``, ``B = sqrt(lambda_s) V Sigma^{-1/2} V^T`` from
+  the eigendecomposition ``G = V Sigma V^T`` restricted to the eigenvalues above ``lambda_max m eps`` (the
+  numerical rank). The authors' code (``SamsungLabs/MTL``, ``optim/aligned/solver.py`` and ``balancer.py``;
+  LibMTL's ``Aligned_MTL.py`` the same) sums the balanced task gradients, ``J^T B 1``: torchjd's weighting
+  averages them (``B 1/m``), so fedhv multiplies torchjd's weights by ``m``. ``scale_mode`` picks
+  ``lambda_s``: ``"min"`` (the smallest kept eigenvalue; the authors' default, ``AlignedMTLBalancer(
+  scale_mode='min')``, and the paper's Algorithm 1), ``"median"`` or ``"rmse"`` (the mean eigenvalue), the
+  authors' three modes. Remaining difference: the rank tolerance uses float64's ``eps`` (fedhv's Gramians are
+  float64) where the authors' ``torch.finfo()`` is float32's.
 """
 
 from __future__ import annotations
@@ -124,9 +135,11 @@ class DualProj(_DualConeRule):
 
 @dataclass(frozen=True)
 class CAGrad(_TorchJDRule):
-    """CAGrad's rule; ``c`` is the radius of its ball (the authors' 0.5)."""
+    """CAGrad's rule; ``c`` is the radius of its ball (the authors' scripts' 0.4); ``rescale`` divides the
+    weights by ``1 + c^2`` (the authors' ``rescale = 1``)."""
 
-    c: float = 0.5
+    c: float = 0.4
+    rescale: bool = False
     rule_name: ClassVar[str] = "cagrad"
     label: ClassVar[str] = "CAGrad"
     server_work: ClassVar[str] = "a second-order cone program of size m"
@@ -135,9 +148,17 @@ class CAGrad(_TorchJDRule):
         """``CAGradWeighting(c)``."""
         return torchjd_module(self.rule_name).CAGradWeighting(c=self.c)
 
+    def weights(self, inputs: GramianInputs) -> np.ndarray:
+        """torchjd's weights, divided by ``1 + c^2`` when ``rescale``."""
+        w = torchjd_weights(self.weighting(), inputs.gram)
+        return w / (1.0 + self.c ** 2) if self.rescale else w
+
     def check_rule(self, key: str) -> None:
-        """Refuse a negative radius."""
+        """Refuse a negative radius or a ``rescale`` that is not a boolean."""
         _non_negative(key, c=self.c)
+        if not isinstance(self.rescale, bool):
+            raise ConfigError(f"{key}.rescale = {self.rescale!r} must be true or false (true: divide by 1 + c^2, "
+                              "the authors' rescale = 1)")
 
 
 @dataclass(frozen=True)
@@ -175,7 +196,8 @@ class IMTLG(_TorchJDRule):
 
 @dataclass(frozen=True)
 class AlignedMTL(_TorchJDRule):
-    """Aligned-MTL's rule; ``scale_mode`` picks the eigenvalue that scales ``B`` (``min``, ``median``, ``rmse``)."""
+    """Aligned-MTL's rule, ``w = B 1`` (the authors' sum); ``scale_mode`` picks the eigenvalue that scales ``B``
+    (``min``, the authors' default; ``median``, ``rmse``)."""
 
     scale_mode: str = "min"
     rule_name: ClassVar[str] = "aligned-mtl"
@@ -185,6 +207,11 @@ class AlignedMTL(_TorchJDRule):
     def weighting(self) -> object:
         """``AlignedMTLWeighting(scale_mode=...)``."""
         return torchjd_module(self.rule_name).AlignedMTLWeighting(scale_mode=self.scale_mode)
+
+    def weights(self, inputs: GramianInputs) -> np.ndarray:
+        """``m`` times torchjd's ``B 1/m``: the authors' ``B 1``."""
+        w = torchjd_weights(self.weighting(), inputs.gram)
+        return len(w) * w
 
     def check_rule(self, key: str) -> None:
         """Refuse an unknown scale mode."""

@@ -10,7 +10,8 @@ the model (and an optional payload) to the sampled clients, which compute what t
   ``sum_i W_ti l_i`` at the received model on a fresh minibatch (train mode);
 - ``train``: for each row ``W_t``, ``K`` local SGD steps on ``sum_i W_ti l_i`` from
   the received model, returning ``Delta theta = theta^K - theta``; optionally the first
-  step uses a gradient the client already holds (``first_step``).
+  step uses a gradient the client already holds (``first_step``), or the client draws the
+  weights of every step itself from a named law (``train_draw``, :class:`StepDraw`).
 
 Back-ends (the batched or sequential simulator, Flower) execute requests without
 knowing which algorithm sent them, and count bytes and stages.
@@ -23,6 +24,57 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from fedhv.rng import numpy_rng
+
+
+def softmax_normal(rng: np.random.Generator, num_tasks: int, scale: float) -> np.ndarray:
+    """``softmax(eps)``, ``eps ~ N(0, scale^2 I_m)`` drawn from ``rng`` (float64 ``[m]``, on the simplex)."""
+    eps = scale * rng.standard_normal(num_tasks)
+    e = np.exp(eps - eps.max())
+    return e / e.sum()
+
+
+#: The laws a :class:`StepDraw` may name: ``law(generator, m, scale) -> float64 [m]``.
+STEP_LAWS = {"softmax-normal": softmax_normal}
+
+
+@dataclass(frozen=True)
+class StepDraw:
+    """Task weights a client draws itself at every local step, from the run's keyed streams.
+
+    Local step ``s`` (0-based) of client ``k``'s trajectory in round ``t`` trains on
+    ``sum_i w_i l_i`` with ``w = law(g, m, scale)``, ``g`` the generator of the stream
+    ``(seed, stream, key, t, k, s)`` (:func:`fedhv.rng.numpy_rng`; ``seed`` and ``stream`` are the
+    engine's). The draw depends on nothing but these keys, so the batched and the sequential engine,
+    a resumed run and a Flower node draw the same weights.
+
+    Attributes
+    ----------
+    law : str
+        A name in :data:`STEP_LAWS` (``"softmax-normal"``: ``softmax(eps)``, ``eps ~ N(0, scale^2 I)``).
+    key : str
+        The stream's name (e.g. the method's).
+    scale : float
+        The law's scale (the logits' standard deviation).
+    """
+
+    law: str = "softmax-normal"
+    key: str = "step-weights"
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.law not in STEP_LAWS:
+            raise ValueError(f"StepDraw.law = {self.law!r}: use one of {sorted(STEP_LAWS)}")
+
+    def rows(self, seed: int, stream: str, round_idx: int, client: int, steps: int,
+             num_tasks: int) -> np.ndarray:
+        """The weights ``[steps, m]`` (float64) of client ``client``'s local steps in round ``round_idx``."""
+        law = STEP_LAWS[self.law]
+        out = np.empty((steps, num_tasks))
+        for s in range(steps):
+            out[s] = law(numpy_rng(seed, stream, self.key, round_idx, client, s), num_tasks, self.scale)
+        return out
 
 
 @dataclass(frozen=True)
@@ -48,6 +100,10 @@ class Request:
         Task-weight rows of the local trajectories.
     first_step : Tensor ``[k, T, d]`` or None
         Client-held gradients used as the first local step (not transmitted).
+    train_draw : StepDraw or None
+        When set, every client draws the weights of each local step itself (:class:`StepDraw`)
+        instead of taking ``train``'s row; ``train`` then has one row (what the server logs, e.g.
+        the law's mean) and there is no ``first_step``.
     """
 
     payload: dict[str, Any] = field(default_factory=dict)
@@ -57,6 +113,7 @@ class Request:
     upload_gradients: bool = True
     train: np.ndarray | None = None
     first_step: torch.Tensor | None = None
+    train_draw: StepDraw | None = None
 
 
 @dataclass

@@ -29,9 +29,11 @@ its section ``[fsmgda-upgrad]`` holds the rule's fields and the exchange's (:cla
 (``rates_from``: FSMGDA-trajectory methods take FSMGDA's preset rates, FedCMOO-Gram methods FedCMOO's).
 
 The rules keep whatever scale their authors give the aggregated direction (UPGrad's weights sum to at least
-1, CAGrad's to ``1 + c ...``, Aligned-MTL's are rescaled by the Gramian's spectrum); where an author's code
-sums the tasks (PCGrad), fedhv takes the mean (a factor ``1/m`` on ``eta_g``; the rule's docstring says so).
-Weights may be negative (IMTL-G and Aligned-MTL can give them); they are checkpointed as given.
+1, CAGrad's to ``1 + c ...``, Aligned-MTL's ``B 1`` is rescaled by the Gramian's spectrum, as the authors'
+sum); where an author's code sums the tasks (PCGrad), fedhv takes the mean (a factor ``1/m`` on ``eta_g``;
+the rule's docstring says so). Every round logs ``weight_sum`` (``sum_i w_i``, the effective step against
+MGDA's simplex weights). Weights may be negative (IMTL-G and Aligned-MTL can give them); they are
+checkpointed as given.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def _rule_weights(rule: Any, gram: np.ndarray, state: GramianState, seed: int,
     if w.shape != (state.num_tasks,) or not np.isfinite(w).all():
         raise FloatingPointError(f"{type(rule).__name__} gave weights {w.tolist()} for {state.num_tasks} tasks "
                                  f"from the Gramian {gram.tolist()}")
-    log: dict[str, Any] = {"weights": w.tolist(), "gram": gram.tolist()}
+    log: dict[str, Any] = {"weights": w.tolist(), "weight_sum": float(w.sum()), "gram": gram.tolist()}
     if losses is not None:
         log["losses"] = losses.tolist()
     return w, GramianState(w, state.round + 1), log

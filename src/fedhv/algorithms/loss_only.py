@@ -9,14 +9,22 @@ Round ``t`` (server holds ``theta^t`` and ``w^t``; one synchronization stage, as
    ``w^{t+1} = rule(F^t, memory)``.
 
 The client never changes: a method of this family is its *weight rule* alone, a map from the averaged
-reports (and what the rule remembers of earlier rounds) to the next weights on the simplex. Per
-participating client it costs ``2m`` scalars beyond the model (``m`` weights down, ``m`` reports up),
-``Theta(d + m)``. A rule is an object with
+reports (and what the rule remembers of earlier rounds) to the next weights. Per participating client it
+costs ``2m`` scalars beyond the model (``m`` weights down, ``m`` reports up), ``Theta(d + m)``. A rule is an
+object with
 
 - ``first(m) -> (w^0, memory)``: the weights of round 1 (uniform for every rule here) and the rule's
   initial memory (a tuple of float arrays, checkpointed with the state);
 - ``next(report, memory, round_index) -> (w^{t+1}, memory)``: ``round_index`` is ``t``, the 0-based
-  index of the round whose report it is (keys a random rule's draw in the run's counter-based streams).
+  index of the round whose report it is (keys a random rule's draw in the run's counter-based streams);
+- optionally ``client_draw``: a :class:`~fedhv.algorithms.base.StepDraw` (or ``None``); when set, the
+  clients draw the weights of every local step themselves from it (RLW, the authors' per-step draw) and
+  ``w^t`` is what the round logs (the law's mean).
+
+Scale. The weights of most rules lie on the simplex; a rule that keeps its authors' scale (STCH: the
+gradient of the authors' loss) gives weights whose sum ``sum_i w_i`` is an effective step on ``eta_l``
+that varies with the reports. Its method declares it by its state class, :class:`ScaledLossOnlyState`
+(checkpoints then accept weights off the simplex). Every round logs ``weight_sum`` (``sum_i w^t_i``).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import torch
 
-from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
+from fedhv.algorithms.base import Federation, Request, StepDraw, StepResult, fedavg_step
 from fedhv.algorithms.method import BuildContext, Built, Method
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.errors import ConfigError
@@ -68,7 +76,7 @@ class LossOnlyState:
     Attributes
     ----------
     weights : ndarray ``[m]``
-        ``w^t`` for the coming round (on the simplex).
+        ``w^t`` for the coming round (on the simplex; :class:`ScaledLossOnlyState`: finite, any sum).
     rounds : int
         Rounds whose reports the rule has seen.
     memory : tuple of ndarray
@@ -79,6 +87,8 @@ class LossOnlyState:
     rounds: int = 0
     memory: tuple[np.ndarray, ...] = ()
     kind: ClassVar[str] = "loss-only"
+    #: Whether checkpointed weights must lie on the simplex (``>= 0``, sum 1).
+    on_simplex: ClassVar[bool] = True
 
     @property
     def num_tasks(self) -> int:
@@ -92,11 +102,12 @@ class LossOnlyState:
 
     @classmethod
     def from_plain(cls, data: Any) -> LossOnlyState:
-        """Inverse of :meth:`to_plain`; the weights must lie on the simplex, every array be finite."""
+        """Inverse of :meth:`to_plain`; every array must be finite, the weights on the simplex when
+        :attr:`on_simplex`."""
         d = fields(data, cls.kind, ("weights", "rounds", "memory"))
         weights = array_from_plain(d["weights"], "loss-only weights")
         assert weights is not None
-        if (weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6:
+        if cls.on_simplex and ((weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-6):
             raise StateError(f"loss-only weights {weights.tolist()} are not on the simplex (>= 0, sum 1)")
         if not isinstance(d["memory"], list):
             raise StateError(f"loss-only memory must be a list of tensors, found {type(d['memory']).__name__}")
@@ -106,6 +117,15 @@ class LossOnlyState:
             assert a is not None
             memory.append(a)
         return cls(weights, int_from_plain(d["rounds"], "loss-only rounds"), tuple(memory))
+
+
+@dataclass(frozen=True)
+class ScaledLossOnlyState(LossOnlyState):
+    """The state of a loss-only method whose weights keep their authors' scale (not on the simplex):
+    ``sum_i w_i`` is the round's effective step on the local learning rate."""
+
+    kind: ClassVar[str] = "loss-only-scaled"
+    on_simplex: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -122,28 +142,40 @@ class LossOnlyAlgorithm:
         The method's name (as in ``method = ...``).
     report_batches : int or "all"
         The clients' report budget (``"all"``: each client's whole local dataset, as FedHV's default).
+    state_class : type
+        :class:`LossOnlyState` (weights on the simplex) or :class:`ScaledLossOnlyState`.
     """
 
     rule: Any
     lr_global: float
     name: str
     report_batches: int | str = "all"
+    state_class: type[LossOnlyState] = LossOnlyState
 
     def init_state(self, num_tasks: int) -> LossOnlyState:
         """``w^0`` and the rule's initial memory."""
         weights, memory = self.rule.first(num_tasks)
-        return LossOnlyState(np.asarray(weights, dtype=np.float64), 0, tuple(memory))
+        return self.state_class(np.asarray(weights, dtype=np.float64), 0, tuple(memory))
 
     def round(self, state: LossOnlyState, theta: torch.Tensor, federation: Federation) -> StepResult:
-        """One stage: model + ``w`` down, update + report up; then ``w^{t+1}`` from the averaged report."""
+        """One stage: model + ``w`` down, update + report up; then ``w^{t+1}`` from the averaged report.
+
+        With the rule's ``client_draw`` the clients draw every local step's weights themselves
+        (:class:`~fedhv.algorithms.base.StepDraw`) and the round logs it as ``client_draw``.
+        """
+        draw: StepDraw | None = getattr(self.rule, "client_draw", None)
         replies = federation.exchange(theta, Request(payload={"weights": state.weights.astype(np.float32)},
-                                                     report=self.report_batches, train=state.weights[None, :]))
+                                                     report=self.report_batches, train=state.weights[None, :],
+                                                     train_draw=draw))
         assert replies.reports is not None and replies.deltas is not None
         new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global, replies.weights)
         report = replies.reports.double().mean(0).cpu().numpy()
         weights, memory = self.rule.next(report, state.memory, state.rounds)
         weights = np.asarray(weights, dtype=np.float64)
-        log = {"weights": state.weights.tolist(), "report": report.tolist(), "next_weights": weights.tolist()}
+        log: dict[str, Any] = {"weights": state.weights.tolist(), "weight_sum": float(state.weights.sum()),
+                               "report": report.tolist(), "next_weights": weights.tolist()}
+        if draw is not None:
+            log["client_draw"] = {"law": draw.law, "key": draw.key, "scale": draw.scale}
         return StepResult(new_theta, replace(state, weights=weights, rounds=state.rounds + 1, memory=tuple(memory)),
                           log)
 
@@ -171,4 +203,4 @@ class LossOnlyMethod(Method):
     def build(self, context: BuildContext) -> Built:
         """:class:`LossOnlyAlgorithm` around :meth:`rule`."""
         return Built(LossOnlyAlgorithm(self.rule(context), self.lr_global, self.name,
-                                       self.options().report_batches))
+                                       self.options().report_batches, self.state))

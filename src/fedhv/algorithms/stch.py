@@ -1,26 +1,35 @@
 """STCH, smooth Tchebycheff scalarisation (Lin, Zhang, Zhang, Lin and Zhang, ICML 2024).
 
-The authors' multi-task loss (``Xi-L/STCH``, ``STCH_MTL/LibMTL/weighting/STCH.py``) is
-``mu log sum_i exp(log(l_i / z_i + 1e-20) / mu)`` with a nadir ``z``; its gradient weighs task ``i``
-by ``softmax_i(log(l_i / z_i + 1e-20) / mu) / (l_i + 1e-20 z_i)``. Here, from the averaged report
-``F^t``::
+The authors' multi-task loss (``Xi-L/STCH``, ``STCH_MTL/LibMTL/weighting/STCH.py``; LibMTL's
+``weighting/STCH.py`` is the same) is ``m mu log sum_i exp(log(l_i / z_i + 1e-20) / mu)`` with a nadir
+``z`` (the factor ``m`` is their ``self.task_num``). Its gradient weighs task ``i`` by
+``m softmax_i(log(l_i / z_i + 1e-20) / mu) / (l_i + 1e-20 z_i)``. Here, from the averaged report ``F^t``::
 
-    w^{t+1}_i ∝ softmax_i(log(F_i^t / z_i + 1e-20) / mu) / (F_i^t + 1e-20 z_i),
+    w^{t+1}_i = m softmax_i(log(F_i^t / z_i + 1e-20) / mu) / (F_i^t + 1e-20 z_i),
 
-normalised to sum 1 (the authors' loss carries a factor ``m``: a factor on the learning rate).
-``mu = 1`` gives fixed weights ``∝ 1 / z_i``; smaller ``mu`` moves the weight to the task farthest
-above its nadir (Tchebycheff as ``mu -> 0``). The authors' code: ``--STCH_mu`` defaults to 1.0 for
-multi-task learning (their Pareto-set-learning script uses 0.01), so 1.0 is the default here too.
+the authors' gradient itself, not normalised: ``sum_i w_i`` is the effective step on the local learning
+rate, and it depends on the reports. At ``mu = 1`` the softmax is ``(F_i / z_i + 1e-20) / sum_j (F_j / z_j +
+1e-20)``, so ``w_i = m / (z_i sum_j (F_j / z_j + 1e-20))``: the *direction* is fixed (``∝ 1 / z_i``) but its
+length ``sum_i w_i = m sum_i (1 / z_i) / sum_j (F_j / z_j + 1e-20)`` grows as the losses fall below the
+nadir (about 0.9 in the first rounds of MNIST-FMNIST, 5 at the end). Smaller ``mu`` moves the weight to the
+task farthest above its nadir (Tchebycheff as ``mu -> 0``). ``--STCH_mu`` defaults to 1.0 in the authors'
+multi-task code (their Pareto-set-learning script uses 0.01), so 1.0 is the default here too.
 
-The nadir and the warm-up: in the authors' code the run itself trains its first epochs (0 to
-``--STCH_warmup_epoch``, 4) on the sum of log-losses, and ``z`` is the mean training-batch loss of its last
-warm-up epoch; then the smooth Tchebycheff loss takes over. Here ``z`` is the mean of the averaged reports of
-the reference calibration (paper §3.2: uniform-weight rounds, shared with FedHV's reference and across a
-grid), and the run uses STCH's weights from its second round, with no warm-up of its own. Its weights, as
-every loss-only rule's, are one round behind the model: ``w^{t+1}`` comes from ``F^t`` at ``theta^t`` and
-trains from ``theta^{t+1}`` (the authors weigh the losses whose gradient they take).
-FedHV's loss-only protocol (:mod:`fedhv.algorithms.loss_only`); ``w^0 = 1/m``. Reports must be
-non-negative (the built-in losses are).
+Where fedhv differs from the authors' code, and why:
+
+- **The nadir and the warm-up.** The authors' run trains its first epochs (0 to ``--STCH_warmup_epoch``, 4)
+  on the sum of log-losses, and ``z`` is the mean training-batch loss of its last warm-up epoch; then the
+  smooth Tchebycheff loss takes over. Here ``z`` is the mean of the averaged reports of the reference
+  calibration (paper §3.2: uniform-weight rounds, shared with FedHV's reference and across a grid), and
+  the run uses STCH's weights from its second round (``w^0 = 1/m``), with no warm-up of its own.
+- **Weights per round, from the averaged reports.** The authors differentiate the loss of each minibatch,
+  so their weights change at every step with that batch's losses; a federated client trains its ``K``
+  local steps on the weights the server computed from ``F^t``. As every loss-only rule's, they are one
+  round behind the model: ``w^{t+1}`` comes from ``F^t`` at ``theta^t`` and trains from ``theta^{t+1}``.
+
+FedHV's loss-only protocol (:mod:`fedhv.algorithms.loss_only`); the state is a
+:class:`~fedhv.algorithms.loss_only.ScaledLossOnlyState` (weights off the simplex) and every round logs
+``weight_sum``. Reports must be non-negative (the built-in losses are).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, normalized, softmax, uniform
+from fedhv.algorithms.loss_only import LossOnlyMethod, ScaledLossOnlyState, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, Built, Calibration, positive, register
 from fedhv.errors import ConfigError, FedHVError
 
@@ -76,14 +85,14 @@ class STCHRule:
 
     def next(self, report: np.ndarray, memory: tuple[np.ndarray, ...],
              round_index: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """The normalised gradient weights of the smooth Tchebycheff loss at ``F^t``."""
+        """The gradient of the authors' loss ``m mu logsumexp(log(F / z + 1e-20) / mu)`` at ``F^t``."""
         f = np.asarray(report, dtype=np.float64)
         if (f < 0).any():
             bad = [i for i, v in enumerate(f) if v < 0]
             raise STCHError(f"round {round_index + 1}: STCH needs non-negative reports, but task(s) {bad} report "
                             f"{[float(f[i]) for i in bad]}; use a method for losses of any sign (e.g. fedhv)")
         z = self.nadir
-        return normalized(softmax(np.log(f / z + EPS) / self.mu) / (f + EPS * z)), memory
+        return len(f) * softmax(np.log(f / z + EPS) / self.mu) / (f + EPS * z), memory
 
 
 @register
@@ -96,6 +105,7 @@ class STCH(LossOnlyMethod):
     name: ClassVar[str] = "stch"
     label: ClassVar[str] = "STCH"
     section: ClassVar[type] = STCHConfig
+    state: ClassVar[type] = ScaledLossOnlyState  # the authors' scale: weights off the simplex
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "smooth max of log-ratios to a nadir")
 

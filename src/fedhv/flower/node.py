@@ -34,6 +34,7 @@ import numpy as np
 import tomllib
 import torch
 
+from fedhv.algorithms.base import StepDraw
 from fedhv.algorithms.validation import ClientReply
 from fedhv.code_digest import reference_module
 from fedhv.config import dumps, to_dict
@@ -211,7 +212,8 @@ class StageOrder:
     ``report``: ``None``, ``"all"`` or a batch count; ``gradients`` / ``train``: task
     weight rows ``[T, m]`` (float64) or ``None``; ``first_step_held``: the first local
     step uses ``train @ G`` with ``G`` the gradients this node computed in the round's
-    last gradient stage (kept by the node, never sent back down).
+    last gradient stage (kept by the node, never sent back down); ``train_draw``: the node draws
+    the weights of every local step itself (:class:`~fedhv.algorithms.base.StepDraw`).
     """
 
     round: int
@@ -222,6 +224,7 @@ class StageOrder:
     train: np.ndarray | None = None
     first_step_held: bool = False
     stage: int = 0
+    train_draw: StepDraw | None = None
 
 
 @dataclass
@@ -337,7 +340,7 @@ class NodeWorker:
                                     "but this node holds none; run the round's gradient stage first")
                 w = e.as_tensor(order.train)
                 first = torch.einsum("ti,id->td", w, held.to(device=e.device, dtype=e.dtype)).unsqueeze(0)
-            out.deltas = e.train(theta, clients, order.train, t, first)[0].detach().cpu().numpy()
+            out.deltas = e.train(theta, clients, order.train, t, first, order.train_draw)[0].detach().cpu().numpy()
             if e.buffers:
                 out.buffers = [b.cpu().numpy() for b in e.buffer_snapshot()]
         return self.corrupted(out, order)

@@ -12,7 +12,9 @@ Stage (``train`` message), server to node:
   ``client``, ``stage`` (the stage's index in the round: keys the fault injection), ``model-sha`` (the model's SHA-256: a node that did not receive it checks
   the one it holds), ``report`` (``""`` = none, ``"all"`` or a batch count), the task-weight
   rows ``gradient-rows`` / ``train-rows`` (flattened float64 lists, ``[]`` = none) with
-  ``tasks`` = ``m``, and ``first-step`` (``"held-gradients"`` or ``""``);
+  ``tasks`` = ``m``, ``first-step`` (``"held-gradients"`` or ``""``) and ``train-draw`` (``""``, or the
+  JSON of a :class:`~fedhv.algorithms.base.StepDraw` -- ``law``, ``key``, ``scale`` -- from which the node
+  draws the weights of every local step itself);
 - ``ConfigRecord "fedhv.payload"``: the request's extra broadcast (e.g. FedHV's task
   weights), as float lists;
 - ``ArrayRecord "fedhv.buffers"`` (with the model, for a model with buffers such as
@@ -27,6 +29,7 @@ trajectories; the server averages them over the valid replies, :mod:`fedhv.sim.e
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import numpy as np
@@ -34,7 +37,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-from fedhv.algorithms.base import Request
+from fedhv.algorithms.base import Request, StepDraw
 from fedhv.algorithms.validation import ClientReply
 from fedhv.flower.node import StageOrder, StageResult
 
@@ -84,6 +87,7 @@ def stage_content(theta: torch.Tensor, request: Request, round_idx: int, seed: i
         "report": report, "tasks": int(num_tasks),
         "gradient-rows": _rows(request.gradients), "train-rows": _rows(request.train),
         "first-step": HELD_GRADIENTS if request.first_step is not None else "",
+        "train-draw": _draw_text(request.train_draw),
         "model-sha": model_sha(theta),
     })
     records: dict[str, Any] = {STAGE: stage}
@@ -113,6 +117,21 @@ def content_buffers(content: RecordDict) -> list[np.ndarray] | None:
         return None
 
 
+def _draw_text(draw: StepDraw | None) -> str:
+    return "" if draw is None else json.dumps({"law": draw.law, "key": draw.key, "scale": float(draw.scale)})
+
+
+def _draw(text: Any) -> StepDraw | None:
+    """The :class:`StepDraw` a stage's ``train-draw`` names (``None`` for ``""``; ``ValueError`` when malformed)."""
+    if not text:
+        return None
+    try:
+        d = json.loads(str(text))
+        return StepDraw(str(d["law"]), str(d["key"]), float(d["scale"]))
+    except (TypeError, KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"train-draw {str(text)[:80]!r} is not a step draw ({exc})") from None
+
+
 def _matrix(values: Any, m: int) -> np.ndarray | None:
     vals = list(values)
     if not vals:
@@ -133,6 +152,7 @@ def stage_order(content: RecordDict) -> tuple[StageOrder, dict[str, Any]]:
         report=None if report == "" else ("all" if report == "all" else as_int(report, "report")),
         gradients=_matrix(stage["gradient-rows"], m), train=_matrix(stage["train-rows"], m),
         first_step_held=stage["first-step"] == HELD_GRADIENTS, stage=as_int(stage.get("stage", 0), "stage"),
+        train_draw=_draw(stage.get("train-draw", "")),
     )
     return order, stage
 

@@ -228,6 +228,11 @@ class FedHVWeighting(FedAvg):
         """The method's rule for this run and its first weights (loss-only methods)."""
         assert self.method is not None
         self._rule = self.method.rule(StrategyContext(self.num_tasks, self.seed, calibration))
+        if getattr(self._rule, "client_draw", None) is not None:
+            raise ConfigError(f"{self.method.name}'s clients draw their task weights at every local step, which a "
+                              "Strategy's own ClientApp does not do (it trains on the weights it is sent); configure "
+                              f"{self.method.name} to draw once per round (its section's draw = \"round\") or run it "
+                              "with fedhv's ServerApp")
         weights, memory = self._rule.first(self.num_tasks)
         self.weights, self._memory, self._rule_rounds = np.asarray(weights, dtype=np.float64), tuple(memory), 0
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
+from fedhv.algorithms.base import StepDraw
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.params import set_flat
 from fedhv.sim.engine import Engine
@@ -77,11 +78,16 @@ class BatchedEngine(Engine):
         self.model.train()
         return torch.stack([part.mean(0) for part in torch.split(losses, [len(i) for i in idx])])
 
-    def _copies(self, clients: np.ndarray, weights: np.ndarray, round_idx: int, steps: int, tag: str
-                ) -> tuple[ClientPlan, torch.Tensor]:
-        """Stacked plan (``[n, ...]``) and per-copy task weights ``[n, m]`` of all (client, row) copies."""
+    def _copies(self, clients: np.ndarray, weights: np.ndarray, round_idx: int, steps: int, tag: str,
+                draw: StepDraw | None = None) -> tuple[ClientPlan, torch.Tensor]:
+        """Stacked plan (``[n, ...]``) and per-copy task weights ``[n, m]`` of all (client, row) copies
+        (with ``draw``: each copy's drawn weights of every step, ``[n, steps, m]``)."""
         plans = [self.plan(int(c), round_idx, steps, tag, t) for c in clients for t in range(len(weights))]
-        w = self.as_tensor(np.tile(np.asarray(weights), (len(clients), 1)))
+        if draw is not None:
+            w = torch.stack([self.drawn_weights(draw, int(c), round_idx, steps) for c in clients
+                             for _ in range(len(weights))])
+        else:
+            w = self.as_tensor(np.tile(np.asarray(weights), (len(clients), 1)))
         return stack_plans(plans), w
 
     def _copy_buffers(self, n: int) -> dict[str, torch.Tensor] | None:
@@ -142,21 +148,23 @@ class BatchedEngine(Engine):
         weights: np.ndarray,
         round_idx: int,
         first_step: torch.Tensor | None = None,
+        draw: StepDraw | None = None,
     ) -> torch.Tensor:
         """Updates ``[k, T, d]``; clients with different step counts (local epochs) run as separate locksteps."""
+        self.check_draw(weights, first_step, draw)
         steps = [self.steps_of(int(c)) for c in clients]
         groups: dict[int, list[int]] = {}
         for row, k in enumerate(steps):
             groups.setdefault(k, []).append(row)
         t_rows = len(weights)
         if len(groups) == 1:
-            out, finals = self._train_group(theta, clients, weights, round_idx, first_step, steps[0])
+            out, finals = self._train_group(theta, clients, weights, round_idx, first_step, steps[0], draw)
         else:
             out = theta.new_empty(len(clients), t_rows, theta.numel())
             finals = {}
             for k, rows in groups.items():
                 sub = None if first_step is None else first_step[rows]
-                deltas, bufs = self._train_group(theta, clients[rows], weights, round_idx, sub, k)
+                deltas, bufs = self._train_group(theta, clients[rows], weights, round_idx, sub, k, draw)
                 out[rows] = deltas
                 copies = torch.tensor([r * t_rows + t for r in rows for t in range(t_rows)], device=theta.device)
                 for name, value in bufs.items():
@@ -168,7 +176,8 @@ class BatchedEngine(Engine):
         return out
 
     def _train_group(self, theta: torch.Tensor, clients: np.ndarray, weights: np.ndarray, round_idx: int,
-                     first_step: torch.Tensor | None, steps: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     first_step: torch.Tensor | None, steps: int, draw: StepDraw | None = None
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``steps``-step trajectories of ``clients`` in lockstep: updates ``[k, T, d]`` and the copies'
         final buffers (``{name: [k T, ...]}``, empty for a model without buffers).
 
@@ -176,7 +185,7 @@ class BatchedEngine(Engine):
         any other optimizer of :data:`fedhv.sim.local_opt.OPTIMIZERS` runs once over the
         ``[n, d]`` leaf (its update is elementwise, so the rows stay independent).
         """
-        plan, w = self._copies(clients, weights, round_idx, steps, "train")
+        plan, w = self._copies(clients, weights, round_idx, steps, "train", draw)
         first = None if first_step is None else first_step.reshape(len(w), -1)
         clip = self.local.clip_grad_norm
         out = []
@@ -191,7 +200,8 @@ class BatchedEngine(Engine):
                 if s == 0 and first is not None:
                     grad = first[part].clone()
                 else:
-                    (grad,) = torch.autograd.grad(self._losses(params, rows, s, w[part], bufs), params)
+                    ws = w[part] if draw is None else w[part, s]
+                    (grad,) = torch.autograd.grad(self._losses(params, rows, s, ws, bufs), params)
                 if clip:
                     grad = clip_rows(grad, clip)
                 if opt is not None:

@@ -10,7 +10,10 @@ The three primitives (see :mod:`fedhv.algorithms.base`):
 
 - ``reports(theta, clients, round, budget) -> [k, m]``
 - ``gradients(theta, clients, W [T, m], round) -> [k, T, d]``
-- ``train(theta, clients, W [T, m], round, first_step) -> [k, T, d]``
+- ``train(theta, clients, W [T, m], round, first_step, draw) -> [k, T, d]``; with a
+  :class:`~fedhv.algorithms.base.StepDraw` ``draw`` (one row ``W``), local step ``s`` of client
+  ``k`` trains on the weights the client draws from ``(seed, stream, draw.key, round, k, s)``
+  (:meth:`Engine.drawn_weights`) instead of ``W``'s row
 
 Devices: an engine computes on its model's device (``Engine.device``); the data, the
 plans (drawn on the CPU, :mod:`fedhv.sim.plan`) and the task weights
@@ -42,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedhv.algorithms.base import StepDraw
 from fedhv.data.federated import FederatedData
 from fedhv.metrics.evaluate import per_sample_losses
 from fedhv.models.base import MultiTaskModel
@@ -182,6 +186,18 @@ class Engine:
         """Task weights (numpy, from the server) as a tensor of the engine's dtype and device."""
         return torch.as_tensor(np.asarray(weights), dtype=self.dtype, device=self.device)
 
+    def drawn_weights(self, draw: StepDraw, client: int, round_idx: int, steps: int) -> torch.Tensor:
+        """``[steps, m]``: the task weights ``client`` draws for its local steps of round ``round_idx``
+        (:meth:`StepDraw.rows <fedhv.algorithms.base.StepDraw.rows>` keyed by this engine's seed and stream)."""
+        return self.as_tensor(draw.rows(self.seed, self.stream, round_idx, client, steps, self.data.num_tasks))
+
+    @staticmethod
+    def check_draw(weights: np.ndarray, first_step: torch.Tensor | None, draw: StepDraw | None) -> None:
+        """Refuse a draw with several weight rows or with a first step (``ValueError``)."""
+        if draw is not None and (len(weights) != 1 or first_step is not None):
+            raise ValueError(f"a per-step draw trains one trajectory without a first step; got {len(weights)} "
+                             f"weight rows{' and a first step' if first_step is not None else ''}")
+
     def reports(self, theta: torch.Tensor, clients: np.ndarray, round_idx: int, budget: int | str) -> torch.Tensor:
         """Task losses ``[k, m]`` at ``theta`` (eval mode, no augmentation)."""
         raise NotImplementedError
@@ -197,8 +213,10 @@ class Engine:
         weights: np.ndarray,
         round_idx: int,
         first_step: torch.Tensor | None = None,
+        draw: StepDraw | None = None,
     ) -> torch.Tensor:
-        """Updates ``[k, T, d]`` of ``K``-step trajectories on ``sum_i W_ti l_i``."""
+        """Updates ``[k, T, d]`` of ``K``-step trajectories on ``sum_i W_ti l_i`` (with ``draw``: on each
+        step's drawn weights, :meth:`drawn_weights`)."""
         raise NotImplementedError
 
 
@@ -250,7 +268,9 @@ class SequentialEngine(Engine):
         weights: np.ndarray,
         round_idx: int,
         first_step: torch.Tensor | None = None,
+        draw: StepDraw | None = None,
     ) -> torch.Tensor:
+        self.check_draw(weights, first_step, draw)
         w = self.as_tensor(weights)
         self.model.train()
         start = self.buffer_snapshot()
@@ -260,6 +280,7 @@ class SequentialEngine(Engine):
             deltas = []
             steps = self.steps_of(int(client))
             clip = self.local.clip_grad_norm
+            drawn = None if draw is None else self.drawn_weights(draw, int(client), round_idx, steps)
             for t in range(len(w)):
                 set_flat(self.model, theta)
                 self.load_buffers(start)
@@ -271,7 +292,7 @@ class SequentialEngine(Engine):
                         for p, g in zip(self.params, self.layout.views(first_step[row, t]).values()):
                             p.grad = g.clone()
                     else:
-                        self._loss(plan, s, w[t]).backward()
+                        self._loss(plan, s, w[t] if drawn is None else drawn[s]).backward()
                     if clip:
                         torch.nn.utils.clip_grad_norm_(self.params, clip)
                     opt.step()

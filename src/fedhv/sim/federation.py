@@ -85,7 +85,7 @@ class SimFederation(FederationAccounting):
         if request.gradients is not None:
             replies.gradients = e.gradients(theta, clients, request.gradients, t)
         if request.train is not None:
-            replies.deltas = e.train(theta, clients, request.train, t, request.first_step)
+            replies.deltas = e.train(theta, clients, request.train, t, request.first_step, request.train_draw)
         synchronize(e.device)  # GPU kernels run asynchronously: wait before reading the clock
         self.client_seconds += time.perf_counter() - start
         self.stages += 1

@@ -37,8 +37,9 @@ LOCAL_OPTIONS = ['train.optimizer="adamw"', "train.optimizer_options={weight_dec
 @pytest.mark.needs_data
 @needs_flwr
 @pytest.mark.parametrize(("method", "extra"), [("fedhv", []), ("fedcmoo", []), ("uniform", LOCAL_OPTIONS),
-                                               ("fedcmoo-pref", []), ("fsmgda-upgrad", [])],
-                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples", "fedcmoo-pref", "fsmgda-upgrad"])
+                                               ("fedcmoo-pref", []), ("fsmgda-upgrad", []), ("rlw", [])],
+                         ids=["fedhv", "fedcmoo", "uniform-adamw-epochs-clip-samples", "fedcmoo-pref", "fsmgda-upgrad",
+                              "rlw-nodes-draw-per-step"])
 def test_flower_matches_sequential_engine(flower_deployment: Deployment, tmp_path: Path, method: str,
                                           extra: list[str]) -> None:
     cfg = load_config("multimnist", [*EQUIV, f'method="{method}"', *extra])

@@ -75,8 +75,10 @@ def test_projection_rules_against_their_quadratic_programs(j: np.ndarray) -> Non
 @pytest.mark.parametrize("j", JACOBIANS, ids=["m2", "m3", "m4"])
 def test_cagrad_against_the_authors_scipy_program(j: np.ndarray) -> None:
     """Cranial-XIX/CAGrad's ``cagrad``: ``min_w w^T A b + c sqrt(w^T A w)``, ``b = 1/m``, ``c = alpha ||g_0||``,
-    then ``g = g_0 + (c / ||g_w||) g_w`` -- weights ``1/m + (c / ||g_w||) w``."""
-    m, alpha = len(j), 0.5
+    then ``g = g_0 + (c / ||g_w||) g_w`` -- weights ``1/m + (c / ||g_w||) w``; ``alpha = 0.4`` as the authors'
+    scripts run it, and their ``rescale = 1`` divides by ``1 + alpha^2``."""
+    m, alpha = len(j), 0.4
+    assert CAGrad().c == alpha and not CAGrad().rescale
     a = j @ j.T
     b = np.full(m, 1 / m)
     c = alpha * np.sqrt(b @ a @ b)
@@ -86,6 +88,8 @@ def test_cagrad_against_the_authors_scipy_program(j: np.ndarray) -> None:
     expected = b + c / np.sqrt(res.x @ a @ res.x) * res.x
     for scale in (1.0, 1e-7):  # below torchjd's own trace threshold the weights must not change
         np.testing.assert_allclose(CAGrad().weights(inputs(j, scale)), expected, rtol=2e-4, atol=1e-6)
+    plain = CAGrad().weights(inputs(j))
+    np.testing.assert_allclose(CAGrad(rescale=True).weights(inputs(j)), plain / (1 + alpha ** 2), rtol=1e-12)
 
 
 def test_pcgrad_two_tasks_closed_form_and_a_seeded_order() -> None:
@@ -127,12 +131,39 @@ def test_imtlg_and_aligned_mtl_closed_forms(j: np.ndarray) -> None:
     u = j.T @ (v / v.sum())  # IMTL-G: equal projections on every unit task direction
     proj = (j @ u) / np.linalg.norm(j, axis=1)
     np.testing.assert_allclose(proj, proj[0], rtol=1e-8)
-    lam, vec = np.linalg.eigh(g / np.trace(g))
-    lower_median = np.sort(lam)[(len(lam) - 1) // 2]  # torch.median: the lower of the two middle values
-    for mode, scale in (("min", lam.min()), ("median", lower_median), ("rmse", lam.mean())):
-        b = np.sqrt(scale) * vec @ np.diag(lam ** -0.5) @ vec.T
-        np.testing.assert_allclose(AlignedMTL(mode).weights(inputs(j)), b @ np.full(len(g), 1 / len(g)),
-                                   rtol=1e-8)
+    for mode in ("min", "median", "rmse"):
+        np.testing.assert_allclose(AlignedMTL(mode).weights(inputs(j)), aligned_mtl_oracle(g, mode), rtol=1e-12)
+
+
+def aligned_mtl_oracle(g: np.ndarray, mode: str = "min") -> np.ndarray:
+    """The authors' weights (``SamsungLabs/MTL``, ``ProcrustesSolver.apply`` then ``weights.sum(-1)`` in
+    ``AlignedMTLBalancer.step``), restated in numpy: the eigenpairs of ``G`` above ``lambda_max m eps``,
+    ``B = sqrt(lambda_s) V Sigma^{-1/2} V^T`` with ``lambda_s`` the smallest kept (``"min"``), the median
+    (``torch.median``: the lower middle value) or the mean (``"rmse"``), and ``w = B 1``, the *sum*."""
+    lam, vec = np.linalg.eigh(g)
+    keep = lam > lam.max() * len(g) * np.finfo(np.float64).eps
+    lam, vec = lam[keep], vec[:, keep]
+    scale = {"min": lam.min(), "median": np.sort(lam)[(len(lam) - 1) // 2], "rmse": lam.mean()}[mode]
+    b = np.sqrt(scale) * vec @ np.diag(lam ** -0.5) @ vec.T
+    return b.sum(1)
+
+
+def test_aligned_mtl_equals_its_authors_formula_at_their_scale() -> None:
+    """Golden values on fixed Gramians (full rank, rank-deficient, badly scaled) at 1e-12: the authors' ``B 1``,
+    ``m`` times torchjd's averaged ``B 1/m`` (an average would be off by the factor ``m``)."""
+    j3 = np.array([[1.0, 0.5, -0.2, 0.0], [-0.7, 1.2, 0.3, 0.1], [0.2, -0.1, 0.05, 2.0]])
+    rank2 = np.vstack([j3[:2], j3[0] + j3[1]])  # three tasks, two directions
+    for j in (j3, rank2, j3 * np.array([[1e-3], [1.0], [30.0]])):
+        g = j @ j.T
+        for mode in ("min", "median", "rmse"):
+            got = AlignedMTL(mode).weights(inputs(j))
+            np.testing.assert_allclose(got, aligned_mtl_oracle(g, mode), rtol=1e-12, atol=1e-12 * np.abs(got).max())
+    # full rank: J^T B has orthogonal columns of norm sqrt(lambda_min), so the step J^T w = J^T B 1 has squared
+    # norm m lambda_min (the averaged B 1/m would have lambda_min / m)
+    w = AlignedMTL().weights(inputs(j3))
+    assert AlignedMTL().scale_mode == "min"
+    lam = np.linalg.eigvalsh(j3 @ j3.T)
+    np.testing.assert_allclose(np.sum((j3.T @ w) ** 2), 3 * lam.min(), rtol=1e-10)
 
 
 def test_fedmgda_plus_box_constrained_min_norm_of_normalised_updates() -> None:
@@ -224,9 +255,9 @@ def test_an_fsmgda_exchange_round_steps_by_torchjds_aggregator(name: str) -> Non
     theta = torch.tensor(RNG.normal(size=d_enc + m * head), dtype=F64)
     step = algorithm.round(algorithm.init_state(m), theta, fed)
     mean = deltas.mean(0)
-    aggregator = {"upgrad": jd.UPGrad(), "dualproj": jd.DualProj(), "cagrad": jd.CAGrad(c=0.5), "imtl-g": jd.IMTLG(),
+    aggregator = {"upgrad": jd.UPGrad(), "dualproj": jd.DualProj(), "cagrad": jd.CAGrad(c=0.4), "imtl-g": jd.IMTLG(),
                   "aligned-mtl": jd.AlignedMTL()}[name]
-    expected = aggregator(mean[:, slices.encoder])
+    expected = aggregator(mean[:, slices.encoder]) * (m if name == "aligned-mtl" else 1)  # the authors' sum
     torch.testing.assert_close(step.theta[slices.encoder] - theta[slices.encoder], 2.0 * expected, rtol=1e-4,
                                atol=1e-7)
     w = np.asarray(step.log["weights"])
@@ -300,8 +331,15 @@ def test_every_gramian_method_is_registered_with_its_exchanges_rates_and_labels(
         assert cls.secure_aggregation == (not n.startswith("fedcmoo"))
         assert cls.label and cls.complexity[1] == ("Θ(d)" if n.startswith("fedcmoo") else "Θ(md)")
         cfg = load_config("multimnist", [f"method='{n}'"])
-        assert cfg.lr_global == load_config("multimnist", [f"method='{cls.rates_from}'"]).lr_global
+        exchange = load_config("multimnist", [f"method='{cls.rates_from}'"])
+        if n == "fedcmoo-pref":  # its authors' rates (askinb/FedCMOO config.py), not FedCMOO's 1.2 / 0.5
+            assert (cfg.lr_global, cfg.lr_local) == (1.6, 0.3) != (exchange.lr_global, exchange.lr_local)
+        else:
+            assert (cfg.lr_global, cfg.lr_local) == (exchange.lr_global, exchange.lr_local)
         assert type(cfg.section(n)) is cls.section
+    for setting in ("multimnist", "mnist-fmnist", "multimnist-xd", "cifar10-mnist-a", "celeba5-a"):
+        cfg = load_config(setting, ["method='fedcmoo-pref'"])
+        assert (cfg.lr_global, cfg.lr_local) == (1.6, 0.3), setting
 
 
 @pytest.mark.parametrize(("override", "message"), [

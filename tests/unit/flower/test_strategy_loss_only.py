@@ -16,7 +16,7 @@ pytest.importorskip("flwr")
 from flwr.serverapp.strategy import FedAdam
 
 import fedhv
-from fedhv.algorithms import DWAConfig, LinearConfig, Replies
+from fedhv.algorithms import DWAConfig, LinearConfig, Replies, RLWConfig
 from fedhv.errors import ConfigError
 from fedhv.flower.strategy import LossWeightingStrategy, fedhv_strategy
 from fedhv.flower.strategy_rules import StrategyCalibration
@@ -25,7 +25,9 @@ from unit.flower.test_strategy_flower import M, grid, initial, sampling
 
 from helpers import ScriptedFederation
 
-METHODS = [fedhv.DWA(config=DWAConfig(window=1)), fedhv.FAMO(), fedhv.RLW(), fedhv.InverseLoss(),
+#: RLW's per-round draw: the only form a Strategy can send (its default draws on the clients at every step).
+RLW_ROUND = fedhv.RLW(config=RLWConfig(draw="round"))
+METHODS = [fedhv.DWA(config=DWAConfig(window=1)), fedhv.FAMO(), RLW_ROUND, fedhv.InverseLoss(),
            fedhv.Linear(config=LinearConfig(weights=[3.0, 1.0])), fedhv.STCH()]
 
 
@@ -88,13 +90,19 @@ def test_rlw_draws_follow_the_seed_and_stch_uses_the_calibration_mean() -> None:
         s.start(grid=grid(), initial_arrays=initial(), num_rounds=3)
         return [h["weights"] for h in s.history if h["phase"] == "train"]
 
-    assert weights(fedhv.RLW(), 1) == weights(fedhv.RLW(), 1) != weights(fedhv.RLW(), 2)
+    assert weights(RLW_ROUND, 1) == weights(RLW_ROUND, 1) != weights(RLW_ROUND, 2)
     s = LossWeightingStrategy("stch", M, calibration_rounds=3, **sampling())
     s.start(grid=grid(), initial_arrays=initial(), num_rounds=2)
     cal = np.array([h["report"] for h in s.history if h["phase"] == "calibration"])
     run = [h for h in s.history if h["phase"] == "train"]
-    z = cal.mean(0)  # STCH's nadir with mu = 1: w_i ∝ softmax(log(F_i / z_i)) / F_i ∝ 1 / z_i
-    np.testing.assert_allclose(run[1]["weights"], (1 / z) / (1 / z).sum(), rtol=1e-12)
+    # STCH's nadir with mu = 1: the authors' gradient w_i = m / (z_i sum_j (F_j / z_j + 1e-20)), F the report
+    z, f = cal.mean(0), np.asarray(run[0]["report"])
+    np.testing.assert_allclose(run[1]["weights"], M / (z * (f / z + 1e-20).sum()), rtol=1e-12)
+
+
+def test_rlws_per_step_draw_is_refused_by_a_strategy_naming_the_fix() -> None:
+    with pytest.raises(ConfigError, match="rlw's clients draw their task weights at every local step.*draw = \"round\""):
+        LossWeightingStrategy("rlw", M, **sampling())
 
 
 def test_the_weighting_composes_with_fedadam() -> None:
