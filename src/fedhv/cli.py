@@ -13,6 +13,7 @@ from fedhv.cli_args import csv_list as _csv_list
 from fedhv.cli_args import method_arg as _method
 from fedhv.cli_args import quote as _quote
 from fedhv.cli_grid import add_grid_parser, run_grid_command
+from fedhv.cli_tune import add_tune_parser, run_tune_command
 from fedhv.errors import FedHVError
 
 
@@ -61,14 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
                       "valid) instead of printing it; a shell redirect leaves an empty file behind an error")
     sub.add_parser("presets", help="list the bundled settings, one line each")
     add_grid_parser(sub)
+    add_tune_parser(sub)
     table = sub.add_parser("table", help="the paper's tables from run directories (no torch needed)")
     table.add_argument("dir", help="folder searched recursively for finished run directories")
-    table.add_argument("--table", default="all", help="comma-separated tables: 1,8,9,11,7,10,12,13,fairness,theory (all: these), ranks (every method ranked)")
+    table.add_argument("--table", default="all", help="comma-separated tables: 1,8,9,11,7,10,12,13,fairness,theory "
+                       "(all: these), ranks (every method ranked), intervals (bootstrap intervals and verdicts)")
     table.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     table.add_argument("--paper", action="store_true", help="add the paper's published values and our difference")
-    table.add_argument("--final-eval", action="store_true",
-                       help="Tables 1, 8, 9, 10: report the extra evaluation after the last round instead of the "
-                       "last scheduled one (paper B.5, the default)")
+    table.add_argument("--statistic", choices=["last10", "scheduled", "final"],
+                       help="each run's value: the mean of its last ten scheduled evaluations (default of ranks and "
+                       "intervals), its last scheduled one (paper B.5, default of the paper's tables) or the extra "
+                       "one after the last round")
+    table.add_argument("--split", choices=["test", "val"], default="test",
+                       help="the evaluated set the tables read (val: the server-side validation set)")
+    table.add_argument("--reference", default="fedhv,uniform", metavar="METHODS",
+                       help="intervals: comma-separated methods the verdicts compare with (default fedhv,uniform)")
     table.add_argument("--out", help="folder: write one file per table (table1.md, table9.tex, table11.csv, ...) "
                        "instead of printing")
     flower = sub.add_parser("flower", help="real federated runs on Flower (pip install 'fedhv[flower]')")
@@ -206,6 +214,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _resume(args)
     if args.command == "grid":
         return run_grid_command(args)
+    if args.command == "tune":
+        return run_tune_command(args)
     if args.command == "table":
         return _table(args)
     if args.command == "plot":
@@ -371,11 +381,11 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finished_runs(folder: str, final_eval: bool = False) -> list:
+def _finished_runs(folder: str, statistic: str | None = None, split: str = "test") -> list:
     from fedhv.results.collect import failure_of, find_runs
 
     try:
-        runs, unfinished = find_runs(folder, final_eval=final_eval)
+        runs, unfinished = find_runs(folder, statistic=statistic, split=split)
     except FileNotFoundError as exc:
         raise UsageError(str(exc)) from None
     failed = {run: f for run in unfinished if (f := failure_of(run)) is not None}
@@ -398,7 +408,8 @@ def _table(args: argparse.Namespace) -> int:
     bad = [t for t in which if t not in TABLES + EXTRA_TABLES]
     if bad:
         raise UsageError(f"--table {','.join(bad)}: fedhv makes tables {', '.join(TABLES + EXTRA_TABLES)}")
-    tables = build_tables(_finished_runs(args.dir, final_eval=args.final_eval), which, paper=args.paper)
+    tables = build_tables(_finished_runs(args.dir, statistic=args.statistic, split=args.split), which,
+                          paper=args.paper, references=_csv_list("--reference", args.reference, str))
     if not tables:
         raise UsageError(f"{args.dir}: the runs found give none of tables {', '.join(which)}")
     for line in dict.fromkeys(w for t in tables for w in t.warnings):

@@ -69,6 +69,43 @@ def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
 
+#: How a run's evaluations become one value per metric (``fedhv table --statistic``):
+#:
+#: - ``"last10"``: the mean of the last ten scheduled evaluations (paper Table 11's rule; a run's
+#:   WorstAcc moves 1-5 points between consecutive evaluations near the end of training, so one
+#:   evaluation is a noisy read of where a run ended);
+#: - ``"scheduled"``: the last scheduled evaluation (paper B.5, the rule of the paper's Tables 1, 8-10);
+#: - ``"final"``: the extra evaluation after the last round (``eval.final``; ``summary.json``'s).
+STATISTICS: tuple[str, ...] = ("last10", "scheduled", "final")
+#: The statistic of the paper's final-result tables (1, 7-10, 12, 13): the paper's own rule.
+PAPER_STATISTIC = "scheduled"
+#: The statistic of the comparison tables (``ranks``, ``intervals``) unless ``--statistic`` says otherwise.
+COMPARISON_STATISTIC = "last10"
+#: The evaluated sets a table can read (``fedhv table --split``): ``metrics.jsonl``'s top level and ``"val"``.
+SPLITS: tuple[str, ...] = ("test", "val")
+#: The scalar metrics of an evaluation and its per-task lists.
+SCALARS: tuple[str, ...] = ("mean_acc", "worst_acc", "mean_loss", "hv")
+PER_TASK: tuple[str, ...] = ("task_acc", "task_loss", "task_score")
+
+
+def _mean_entry(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of each metric over ``entries`` (a metric missing or ``null`` in any entry is ``None``;
+    per-task lists averaged element by element when every entry has one of the same length)."""
+    out: dict[str, Any] = {}
+    for key in SCALARS:
+        values = [e.get(key) for e in entries]
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+        out[key] = statistics.fmean(values) if entries and ok else None
+    for key in PER_TASK:
+        lists = [e.get(key) for e in entries]
+        if entries and all(isinstance(v, list) and len(v) == len(lists[0]) for v in lists) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for v in lists for x in v):
+            out[key] = [statistics.fmean(col) for col in zip(*lists)]
+        else:
+            out[key] = None
+    return out
+
+
 @dataclass
 class Run:
     """One finished run directory."""
@@ -78,9 +115,11 @@ class Run:
     summary: dict[str, Any]
     variant: tuple[str, Any] | None = None
     ablation: str | None = None
-    #: Report the extra evaluation after the last round instead of the last scheduled one
-    #: (:attr:`reported`; ``fedhv table --final-eval``).
-    final_eval: bool = False
+    #: The statistic every table reads (:data:`STATISTICS`; ``fedhv table --statistic``), or ``None``:
+    #: each table's own (:data:`PAPER_STATISTIC`, :data:`COMPARISON_STATISTIC`).
+    statistic: str | None = None
+    #: The evaluated set the tables read (:data:`SPLITS`; ``fedhv table --split``).
+    split: str = "test"
 
     #: The configuration keys that set this run apart from other runs of its setting found
     #: together (``"train.lr_local=0.01"``), or ``None`` (:func:`label_configurations`).
@@ -126,6 +165,13 @@ class Run:
             node = node[part]
         return node
 
+    def _of_split(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """``entry``'s metrics of :attr:`split` (``{}`` when the run did not evaluate that set then)."""
+        if self.split == "test":
+            return entry
+        nested = entry.get(self.split)
+        return {**nested, "round": entry.get("round")} if isinstance(nested, dict) else {}
+
     def last_scheduled(self, n: int = 10, until: int | None = None) -> list[dict[str, Any]]:
         """The last ``n`` *scheduled* test evaluations (round a multiple of ``eval.test_period``).
 
@@ -163,21 +209,27 @@ class Run:
         found = [e for e in self.metrics if e["round"] == target]
         if target is not None and not found:
             log.warning(f"{self.path / 'metrics.jsonl'} has no test evaluation at round {target}, the run's last "
-                        "scheduled one: its final-result table values are left out (fedhv table --final-eval "
+                        "scheduled one: its final-result table values are left out (fedhv table --statistic final "
                         "reports summary.json's final evaluation instead)")
         return found[-1] if found else None
 
     @property
     def reported(self) -> dict[str, Any]:
-        """The test evaluation that the final-result tables (1, 8, 9, 10) report.
+        """The evaluation that the paper's final-result tables (1, 8, 9, 10) report:
+        :meth:`evaluation` of :attr:`statistic`, by default :data:`PAPER_STATISTIC`."""
+        return self.evaluation(self.statistic or PAPER_STATISTIC)
 
-        Paper B.5: "Final tables use the final scheduled test evaluation" -- the last
-        evaluation at a multiple of ``eval.test_period`` (:attr:`scheduled_round`: round
-        198 of 200, 498 of 500 with test period 3), read from ``metrics.jsonl``. fedhv also
-        evaluates after the last round (``eval.final``); that evaluation is ``summary.json``'s
-        and is reported instead when :attr:`final_eval` is set, or when the run has no
-        scheduled evaluation. A run whose ``metrics.jsonl`` lacks the scheduled record
-        reports nothing (``{}``; one warning names the file).
+    def evaluation(self, statistic: str) -> dict[str, Any]:
+        """The run's values of :attr:`split` under ``statistic`` (:data:`STATISTICS`).
+
+        ``"scheduled"``: paper B.5, "Final tables use the final scheduled test evaluation" -- the
+        last evaluation at a multiple of ``eval.test_period`` (:attr:`scheduled_round`: round 198 of
+        200, 498 of 500 with test period 3), read from ``metrics.jsonl``. ``"final"``: the
+        evaluation after the last round (``eval.final``; ``summary.json``'s for the test set),
+        also taken when the run has no scheduled evaluation. ``"last10"``: the mean of each metric
+        over the last ten scheduled evaluations (:meth:`last_scheduled`; Table 11's rule), with
+        ``rounds`` = the first and last round averaged. A run whose ``metrics.jsonl`` lacks the
+        records reports nothing (``{}``; one warning names the file).
 
         Returns
         -------
@@ -185,32 +237,61 @@ class Run:
             ``mean_acc``, ``worst_acc``, ``mean_loss``, ``hv``, ``task_acc``, ``task_loss``
             (each possibly ``None``) and ``round``.
         """
-        if self.final_eval or self.scheduled_round is None:
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic {statistic!r}: use one of {', '.join(STATISTICS)}")
+        if statistic == "last10" and self.scheduled_round is not None:
+            entries = [self._of_split(e) for e in self.last_scheduled(10)]
+            entries = [e for e in entries if e]
+            if not entries:
+                return {}
+            return {**_mean_entry(entries), "round": entries[-1]["round"],
+                    "rounds": [entries[0]["round"], entries[-1]["round"]], "evaluations": len(entries)}
+        if statistic == "final" or self.scheduled_round is None:
             final = self.summary.get("final_eval_round")
-            return {**self.summary, "round": final if isinstance(final, int) else self.total_rounds}
-        return self._scheduled_record or {}
+            at = final if isinstance(final, int) else self.total_rounds
+            if self.split == "test":
+                return {**self.summary, "round": at}
+            found = [self._of_split(e) for e in self.metrics if e.get("round") == at]
+            return found[-1] if found else {}
+        return self._of_split(self._scheduled_record) if self._scheduled_record else {}
 
 
-def evaluation_note(runs: Sequence[Run]) -> str:
-    """The table note saying which evaluation :attr:`Run.reported` took, with its rounds."""
+def evaluation_note(runs: Sequence[Run], default: str = PAPER_STATISTIC) -> str:
+    """The table note saying which evaluations the values are (statistic, set and rounds); ``default`` is the
+    table's own statistic, used where :attr:`Run.statistic` is unset."""
+    def stat(r: Run) -> str:
+        return r.statistic or default
+
     def rounds(selected: Iterable[Run]) -> str:
-        pairs = {(r.scheduled_round if not r.final_eval and r.scheduled_round is not None
-                  else r.reported.get("round"), r.total_rounds) for r in selected}
+        pairs = {(r.scheduled_round if stat(r) == "scheduled" and r.scheduled_round is not None
+                  else r.evaluation(stat(r)).get("round"), r.total_rounds) for r in selected}
         return ", ".join(f"round {a} of {b}" for a, b in sorted(pairs, key=str))
 
-    final = [r for r in runs if r.final_eval]
-    scheduled = [r for r in runs if not r.final_eval and r.scheduled_round is not None]
-    unscheduled = [r for r in runs if not r.final_eval and r.scheduled_round is None]
+    def spans(selected: Iterable[Run]) -> str:
+        pairs = {(tuple(r.evaluation("last10").get("rounds") or ()), r.total_rounds) for r in selected}
+        return ", ".join(f"rounds {a[0]}–{a[-1]} of {b}" if a else f"none of {b}" for a, b in sorted(pairs, key=str))
+
+    where = {"test": "test", "val": "validation"}
     parts = []
-    if scheduled:
-        parts.append(f"Values are each run's last scheduled test evaluation ({rounds(scheduled)}), as in paper B.5; "
-                     "the extra evaluation after the last round is in summary.json and metrics.jsonl "
-                     "(fedhv table --final-eval).")
-    if unscheduled:
-        parts.append(f"Runs without a scheduled test evaluation report their final one ({rounds(unscheduled)}).")
-    if final:
-        parts.append(f"Values are each run's final test evaluation after the last round ({rounds(final)}; "
-                     "--final-eval), not the last scheduled one that paper B.5 reports.")
+    for split in sorted({r.split for r in runs}, key=SPLITS.index):
+        of = [r for r in runs if r.split == split]
+        name = where[split]
+        last10 = [r for r in of if stat(r) == "last10" and r.scheduled_round is not None]
+        scheduled = [r for r in of if stat(r) == "scheduled" and r.scheduled_round is not None]
+        unscheduled = [r for r in of if stat(r) != "final" and r.scheduled_round is None]
+        final = [r for r in of if stat(r) == "final"]
+        if last10:
+            parts.append(f"Values are each run's mean over its last ten scheduled {name} evaluations ({spans(last10)}; "
+                         "paper Table 11's rule); fedhv table --statistic scheduled reads the last one only.")
+        if scheduled:
+            parts.append(f"Values are each run's last scheduled {name} evaluation ({rounds(scheduled)}), as in paper "
+                         "B.5; the extra evaluation after the last round is in metrics.jsonl (fedhv table --statistic "
+                         "final), the mean of the last ten: --statistic last10.")
+        if unscheduled:
+            parts.append(f"Runs without a scheduled {name} evaluation report their final one ({rounds(unscheduled)}).")
+        if final:
+            parts.append(f"Values are each run's final {name} evaluation after the last round ({rounds(final)}; "
+                         "--statistic final), not the last scheduled one that paper B.5 reports.")
     return " ".join(parts)
 
 
@@ -257,13 +338,13 @@ def failure_of(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def find_runs(root: Path | str, final_eval: bool = False) -> tuple[list[Run], list[Path]]:
+def find_runs(root: Path | str, statistic: str | None = None, split: str = "test") -> tuple[list[Run], list[Path]]:
     """Finished runs under ``root`` (recursively) and unfinished run directories.
 
     A run directory is a folder with a ``config.toml``; it is finished when it has a
     ``summary.json``. Runs with a damaged file are left out with a warning (see the
-    module docstring); the others are returned. ``final_eval`` sets :attr:`Run.final_eval`
-    (the final-result tables then report the evaluation after the last round).
+    module docstring); the others are returned. ``statistic`` and ``split`` set every run's
+    :attr:`Run.statistic` and :attr:`Run.split` (what the tables read).
     """
     root = Path(root)
     if not root.exists():
@@ -280,7 +361,7 @@ def find_runs(root: Path | str, final_eval: bool = False) -> tuple[list[Run], li
             continue
         run = _load_run(folder, config_path, summary_path)
         if run is not None:
-            run.final_eval = final_eval
+            run.statistic, run.split = statistic, split
             runs.append(run)
     label_configurations(runs)
     return runs, unfinished

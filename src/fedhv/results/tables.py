@@ -3,9 +3,9 @@ diagnostics tables (``fairness``, ``theory``: :mod:`fedhv.results.tables_extra`)
 
 Every number is computed from the files of finished runs: final metrics (Tables 1, 8, 9,
 10) from the last scheduled test evaluation in ``metrics.jsonl`` as in paper B.5
-(:attr:`~fedhv.results.collect.Run.reported`; with ``--final-eval``, the evaluation after
-the last round that ``summary.json`` holds), the last ten scheduled evaluations from
-``metrics.jsonl``. Values are
+(:attr:`~fedhv.results.collect.Run.reported`; ``--statistic final``: the evaluation after
+the last round, ``--statistic last10``: the mean of the last ten scheduled ones; ``--split val``:
+the validation set's), Table 11 from the last ten scheduled evaluations in ``metrics.jsonl``. Values are
 mean ± sample standard deviation over the seeds found; best / second-best marks are
 ranked on the unrounded means. With ``paper=True`` each row is followed by the paper's
 published value (``paper_tables.json``) and our difference to it.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fedhv.results.collect import (
@@ -33,10 +34,11 @@ from fedhv.results.table_model import Cell, Record, Table, rank
 from fedhv.results.tables_extra import table12, table_fairness, table_theory
 from fedhv.results.tables_field import table_ranks
 from fedhv.results.tables_front import table_front, table_margin
+from fedhv.results.tables_intervals import REFERENCES, table_intervals
 
 TABLES: tuple[str, ...] = ("1", "8", "9", "11", "7", "10", "12", "13", "fairness", "theory")
 #: Tables made only when named (``--table ranks``), not by ``--table all``: the field comparison and the fronts.
-EXTRA_TABLES: tuple[str, ...] = ("ranks", "front", "margin")
+EXTRA_TABLES: tuple[str, ...] = ("ranks", "intervals", "front", "margin")
 #: The methods the paper ranks in Tables 9 and 11 (it has no Uniform column there).
 PAPER_RANKED: tuple[str, ...] = ("fsmgda", "fedcmoo", "fedhv")
 #: Label of the difference row that replaces Δ when the runs' setting is not the paper's.
@@ -56,13 +58,13 @@ class Metric:
 
 def _summary(key: str) -> Callable[[Run], float | None]:
     """``key`` of the evaluation a final-result table reports (:attr:`Run.reported`: paper B.5's
-    last scheduled one, or with ``--final-eval`` the one after the last round)."""
+    last scheduled one unless ``--statistic`` says otherwise)."""
     return lambda run: run.reported.get(key)
 
 
 def _last10(run: Run) -> float | None:
-    entries = [e["mean_acc"] for e in run.last_scheduled(10) if e.get("mean_acc") is not None]
-    return sum(entries) / len(entries) if entries else None
+    """Table 11's value: MeanAcc averaged over the last ten scheduled evaluations."""
+    return run.evaluation("last10").get("mean_acc")
 
 
 MEAN_ACC = Metric("mean_acc", "MeanAcc ↑", _summary("mean_acc"), True)
@@ -479,12 +481,14 @@ def _table13_records(table: Table, setting: str, method: str, rs: Sequence[Run],
         ]
 
 
-def build_tables(runs: Sequence[Run], which: Sequence[str] = TABLES, paper: bool = False) -> list[Table]:
-    """The requested tables that have data."""
+def build_tables(runs: Sequence[Run], which: Sequence[str] = TABLES, paper: bool = False,
+                 references: Sequence[str] = REFERENCES) -> list[Table]:
+    """The requested tables that have data; ``references``: the methods the ``intervals`` table's verdicts
+    compare with."""
     builders: dict[str, Callable[[Sequence[Run], bool], Any]] = {
         "1": table1, "8": table8, "9": table9, "11": table11, "7": table7, "10": table10, "13": table13,
         "12": table12, "fairness": table_fairness, "theory": table_theory, "ranks": table_ranks,
-        "front": table_front, "margin": table_margin,
+        "intervals": partial(table_intervals, references=references), "front": table_front, "margin": table_margin,
     }
     out: list[Table] = []
     for key in which:

@@ -17,12 +17,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fedhv.results.collect import Run, Stat, group, method_label, ordered_methods, ordered_settings, setting_label
+from fedhv.results.collect import (
+    COMPARISON_STATISTIC,
+    Run,
+    Stat,
+    evaluation_note,
+    group,
+    method_label,
+    ordered_methods,
+    ordered_settings,
+    setting_label,
+)
 from fedhv.results.table_model import Cell, Record, Table, rank
 
 
 def _summary(key: str) -> Callable[[Run], float | None]:
-    return lambda run: run.reported.get(key)
+    """``key`` of the run's evaluation under the comparison's statistic (:data:`COMPARISON_STATISTIC`
+    unless ``fedhv table --statistic`` set another)."""
+    return lambda run: run.evaluation(run.statistic or COMPARISON_STATISTIC).get(key)
 
 
 #: (key, column label, getter, higher is better, decimals)
@@ -80,7 +92,7 @@ def table_sensitivity(runs: Sequence[Run]) -> list[Table]:
                 factor = float(r.variant[1])
             else:
                 continue
-            at.setdefault(factor, {})[r.method] = (r.reported.get("mean_acc"), r.reported.get("worst_acc"))
+            at.setdefault(factor, {})[r.method] = (_summary("mean_acc")(r), _summary("worst_acc")(r))
         factors = sorted(at)
         methods = ordered_methods({m for r in swept if r.setting == setting for m in [r.method]})
         place = {f: _mean_ranks(at[f]) for f in factors}
@@ -94,6 +106,7 @@ def table_sensitivity(runs: Sequence[Run]) -> list[Table]:
             for f in factors:
                 table.records.append(Record(setting, m, f"mean_rank_x{f:g}",
                                             None if m not in place[f] else Stat(place[f][m], None, 1)))
+        table.note(evaluation_note(swept, COMPARISON_STATISTIC))
         table.notes.append("Each method at its own η_g (×1, the comparison grid's seed-0 run) and at half and twice "
                            "it (fedhv grid --seeds 0 --ablation server-lr); ranks among the methods at each factor.")
         out.append(table)
@@ -140,5 +153,6 @@ def table_ranks(runs: Sequence[Run], paper: bool = False) -> list[Table]:
                            "Learning rates: a method without [lr.<method>] in the setting takes those of the method "
                            "whose trajectory it shares (loss-only methods FedHV's, FSMGDA-exchange methods FSMGDA's, "
                            "FedCMOO-exchange methods FedCMOO's; Method.rates_from).")
+        table.note(evaluation_note([r for m in methods for r in groups[(setting, None, m)]], COMPARISON_STATISTIC))
         out.append(table)
     return out + table_sensitivity(runs)

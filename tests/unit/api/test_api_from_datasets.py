@@ -179,11 +179,11 @@ def test_simulate_out_is_a_run_directory_that_fedhv_table_reads(tmp_path: Path) 
     assert [m["round"] for m in metrics] == [2, 3]
     assert [m["task_acc"] for m in metrics] == [e["task_acc"] for e in hist.evaluations]
     # tables report the last scheduled evaluation (paper B.5: round 2 of 3 with eval_every = 2);
-    # --final-eval the extra one after the last round
+    # --statistic final the extra one after the last round
     scheduled, last = hist.evaluations[0], hist.evaluations[-1]
     assert scheduled["round"] == 2 and last["round"] == 3
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    for flags, ev in (([], scheduled), (["--final-eval"], last)):
+    for flags, ev in (([], scheduled), (["--statistic", "final"], last)):
         done = subprocess.run([sys.executable, "-m", "fedhv.cli", "table", str(tmp_path / "runs"), "--table", "1",
                                *flags], capture_output=True, text=True, timeout=60, check=False, env=env)
         assert done.returncode == 0, done.stderr

@@ -200,13 +200,13 @@ def test_final_result_tables_report_the_last_scheduled_evaluation(tmp_path: Path
         assert value in scheduled.stdout, value
     rule = "last scheduled test evaluation (round 198 of 200), as in paper B.5"
     assert scheduled.stdout.count(rule) == 3  # one note in each of Tables 1, 8 and 9
-    final = fedhv("table", str(root), "--table", "1,8,9", "--final-eval")
+    final = fedhv("table", str(root), "--table", "1,8,9", "--statistic", "final")
     assert final.returncode == 0, final.stderr
     for value in at_198:
         assert value not in final.stdout, value
     for value in at_200:
         assert value in final.stdout and value not in scheduled.stdout, value
-    assert final.stdout.count("final test evaluation after the last round (round 200 of 200; --final-eval)") == 3
+    assert final.stdout.count("final test evaluation after the last round (round 200 of 200; --statistic final)") == 3
 
 
 def test_a_run_missing_its_scheduled_evaluation_is_left_out_with_a_warning(tmp_path: Path) -> None:
