@@ -56,6 +56,7 @@ from fedhv.algorithms.gramian import (
     torchjd_module,
     torchjd_weights,
 )
+from fedhv.algorithms.tuning import Choice, Dimension, Range
 from fedhv.config.validation import choice
 from fedhv.errors import ConfigError
 from fedhv.rng import derive_seed
@@ -141,6 +142,8 @@ class CAGrad(_TorchJDRule):
     c: float = 0.4
     rescale: bool = False
     rule_name: ClassVar[str] = "cagrad"
+    #: ``fedhv tune`` searches the radius c (the authors' scripts: 0.4; their function's default 0.5).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("c", 0.1, 0.9, authors=(0.4, 0.5)),)
     label: ClassVar[str] = "CAGrad"
     server_work: ClassVar[str] = "a second-order cone program of size m"
 
@@ -201,6 +204,8 @@ class AlignedMTL(_TorchJDRule):
 
     scale_mode: str = "min"
     rule_name: ClassVar[str] = "aligned-mtl"
+    #: ``fedhv tune`` picks one of the authors' three scale modes.
+    tuning: ClassVar[tuple[Dimension, ...]] = (Choice("scale_mode", ("min", "median", "rmse")),)
     label: ClassVar[str] = "Aligned-MTL"
     server_work: ClassVar[str] = "an eigendecomposition of the m x m Gramian"
 

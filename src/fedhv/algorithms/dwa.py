@@ -28,6 +28,7 @@ import numpy as np
 
 from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.errors import ConfigError
 
 
@@ -89,6 +90,8 @@ class DWA(LossOnlyMethod):
     name: ClassVar[str] = "dwa"
     label: ClassVar[str] = "DWA"
     section: ClassVar[type] = DWAConfig
+    #: ``fedhv tune`` searches the temperature T (Liu et al.: T = 2).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("temperature", 0.5, 10.0, log=True, authors=(2.0,)),)
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "loss ratios of two windows, softmax")
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
+from fedhv.algorithms.tuning import Choice, Dimension, Range
 from fedhv.errors import ConfigError, FedHVError
 
 #: Adam's constants (``torch.optim.Adam``'s defaults, as the authors' code uses them).
@@ -138,6 +139,10 @@ class FAMO(LossOnlyMethod):
     name: ClassVar[str] = "famo"
     label: ClassVar[str] = "FAMO"
     section: ClassVar[type] = FAMOConfig
+    #: ``fedhv tune`` searches the logits' Adam step (the authors' 0.025) and its weight decay (the authors'
+    #: scripts: 0.01, 1e-3 and 0).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("lr", 0.005, 0.1, log=True, authors=(0.025,)),
+                                               Choice("weight_decay", (0.0, 1e-3, 1e-2)))
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "one Adam step on m logits")
 

@@ -47,6 +47,7 @@ from typing_extensions import Self
 from fedhv.algorithms.base import Federation, Replies, Request, StepResult, fedavg_step, one_hot_rows
 from fedhv.algorithms.method import BuildContext, Built, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 from fedhv.rng import torch_generator
@@ -299,6 +300,8 @@ class FedCMOO(Method):
     state: ClassVar[type] = FedCMOOState
     needs_heads: ClassVar[bool] = True
     secure_aggregation: ClassVar[bool] = False
+    #: ``fedhv tune`` searches FindWeights' step size (paper B.6: 1e-3).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("weight_lr", 1e-4, 1e-2, log=True, authors=(1e-3,)),)
     secure_refusal: ClassVar[str] = ("FedCMOO's gradient stage needs every client's own gradients G_k (the server "
                                      "sketches each and checks each first step W @ G_k), which SecAgg+ cannot mask")
 

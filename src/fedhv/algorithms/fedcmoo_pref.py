@@ -46,6 +46,7 @@ from typing import ClassVar
 import numpy as np
 
 from fedhv.algorithms.gramian import FEDCMOO_EXCHANGE, GRAMIAN_EXTRA, GramianInputs, gramian_method
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.errors import ConfigError
 
 
@@ -124,6 +125,8 @@ class EPORule:
     eps: float = 1e-2
     mix: float = 0.2
     rule_name: ClassVar[str] = "pref"
+    #: ``fedhv tune`` searches the share of ``1/m`` in the weights (the authors' 0.2).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("mix", 0.05, 0.5, authors=(0.2,)),)
     label: ClassVar[str] = "FedCMOO-Pref"
     server_work: ClassVar[str] = "a linear program of size m (EPO)"
     needs_losses: ClassVar[bool] = True

@@ -30,6 +30,7 @@ from fedhv.algorithms.base import Federation, Request, StepResult, fedavg_step
 from fedhv.algorithms.loss_only import check_report_batches
 from fedhv.algorithms.method import BuildContext, Built, Calibration, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.config.schema import CalibrationConfig
 from fedhv.errors import ConfigError
 from fedhv.weighting import hv_weights
@@ -298,6 +299,9 @@ class FedHV(Method):
     section: ClassVar[type] = FedHVConfig
     state: ClassVar[type] = FedHVState
     takes_margin: ClassVar[bool] = True
+    #: ``fedhv tune`` searches the reference margin delta_r (``calibration.margin``; paper: 0.15) besides the
+    #: learning rates.
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("calibration.margin", 0.03, 0.6, log=True, authors=(0.15,)),)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> FedHV:

@@ -35,6 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from fedhv.algorithms.gramian import FSMGDA_EXCHANGE, GRAMIAN_EXTRA, GramianInputs, gramian_method
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.errors import ConfigError
 
 #: FLGo's guard against a zero update in the normalisation.
@@ -89,6 +90,8 @@ class FedMGDAPlusRule:
     epsilon: float = 0.1
     reg_eps: float = 1e-9
     rule_name: ClassVar[str] = "fedmgda-plus"
+    #: ``fedhv tune`` searches the box's half-width (FLGo's 0.1; no effect with two tasks).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("epsilon", 0.01, 1.0, log=True, authors=(0.1,)),)
     label: ClassVar[str] = "FedMGDA+"
     server_work: ClassVar[str] = "a box-constrained QP of size m"
     needs_losses: ClassVar[bool] = False

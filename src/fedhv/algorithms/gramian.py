@@ -269,6 +269,7 @@ def gramian_method(exchange: Exchange, rule: Any, name: str | None = None, class
         class_name, [("config", section, field(default_factory=section))], bases=(GramianMethod,),
         frozen=True,
         namespace={"name": method_name, "section": section, "exchange": exchange, "rates_from": exchange.name,
+                   "tuning": getattr(rule, "tuning", ()),  # the rule's own search dimensions (fedhv tune)
                    "label": label, "secure_aggregation": exchange.secure_aggregation,
                    "secure_refusal": exchange.secure_refusal,
                    "complexity": (exchange.client, exchange.communication, rule.server_work),

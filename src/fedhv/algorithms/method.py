@@ -34,6 +34,7 @@ import numpy as np
 from typing_extensions import Self
 
 from fedhv.algorithms.base import Algorithm
+from fedhv.algorithms.tuning import LEARNING_RATES, Dimension
 from fedhv.config.validation import choice, positive
 from fedhv.errors import ConfigError
 from fedhv.registry import METHODS
@@ -184,6 +185,17 @@ class Method:
     def uses_calibration(self) -> bool:
         """Whether :meth:`build` asks for a calibration (a grid then shares one per family)."""
         return False
+
+    # --- tuning (issue 50) -----------------------------------------------------------------
+    #: The dimensions of its own hyper-parameters ``fedhv tune`` searches (:mod:`fedhv.algorithms.tuning`:
+    #: ``Range("mu", 0.05, 5.0, log=True, authors=(1.0,))`` for ``[name] mu``), the authors' values inside.
+    tuning: ClassVar[tuple[Dimension, ...]] = ()
+
+    @classmethod
+    def search_space(cls) -> tuple[Dimension, ...]:
+        """What ``fedhv tune`` searches for this method: its learning rates, log-uniform from 1/4 to 4 times
+        the setting's (:data:`~fedhv.algorithms.tuning.LEARNING_RATES`), then :attr:`tuning`."""
+        return (*LEARNING_RATES, *cls.tuning)
 
     # --- fronts (issue 41) -----------------------------------------------------------------
     #: Whether the method's aim at a direction also takes a margin ``delta`` (FedHV's reference).

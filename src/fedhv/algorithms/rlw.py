@@ -30,6 +30,7 @@ import numpy as np
 from fedhv.algorithms.base import StepDraw
 from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.config.validation import choice
 from fedhv.rng import numpy_rng
 
@@ -115,6 +116,8 @@ class RLW(LossOnlyMethod):
     name: ClassVar[str] = "rlw"
     label: ClassVar[str] = "RLW"
     section: ClassVar[type] = RLWConfig
+    #: ``fedhv tune`` searches the draw's scale std (the authors' standard normal: 1).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("std", 0.25, 4.0, log=True, authors=(1.0,)),)
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "a random draw of m logits")
 

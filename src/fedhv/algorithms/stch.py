@@ -41,6 +41,7 @@ import numpy as np
 
 from fedhv.algorithms.loss_only import LossOnlyMethod, ScaledLossOnlyState, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, Built, Calibration, positive, register
+from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.errors import ConfigError, FedHVError
 
 #: The authors' shift inside the logarithm.
@@ -105,6 +106,8 @@ class STCH(LossOnlyMethod):
     name: ClassVar[str] = "stch"
     label: ClassVar[str] = "STCH"
     section: ClassVar[type] = STCHConfig
+    #: ``fedhv tune`` searches the smoothing mu (the authors' multi-task default 1; smaller nears Tchebycheff).
+    tuning: ClassVar[tuple[Dimension, ...]] = (Range("mu", 0.05, 5.0, log=True, authors=(1.0,)),)
     state: ClassVar[type] = ScaledLossOnlyState  # the authors' scale: weights off the simplex
     complexity: ClassVar[tuple[str, str, str]] = (
         "objective estimation, one weighted local trajectory", "Θ(d + m)", "smooth max of log-ratios to a nadir")

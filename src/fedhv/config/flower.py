@@ -128,6 +128,9 @@ def refuse_on_flower(cfg: RunConfig) -> None:
         raise ConfigError(f"partition.sizes = {cfg.partition.sizes!r}: a SuperNode serves one equal-size partition "
                           "of a setting; set partition.sizes = \"equal\", give each SuperNode its own data file "
                           "(fedhv flower export, --node-data), or run unequal sizes in the simulator (fedhv run)")
+    if cfg.calibration.lr_local is not None and cfg.calibration.lr_local != cfg.train.lr_local:
+        raise ConfigError(f"calibration.lr_local = {cfg.calibration.lr_local}: a SuperNode trains every stage, the "
+                          "calibration's too, at the run's train.lr_local; leave calibration.lr_local unset on Flower")
     if cfg.diagnostics.enabled:
         raise ConfigError("diagnostics.enabled = true needs every client's data on the server: it runs in the "
                           "simulator (fedhv run, grid, fedhv.simulate); set diagnostics.enabled = false for Flower")

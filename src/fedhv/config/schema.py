@@ -168,6 +168,10 @@ class CalibrationConfig:
     ``partition_alpha`` / ``partition_strata`` calibrate on another partition of the
     same family (paper: CIFAR10-MNIST calibrates once with alpha = 0.30 for both
     settings; CelebA5 with the first-label alpha = 0.30 partition); unset = the run's.
+
+    ``lr_global`` / ``lr_local`` pin the calibration's learning rates; unset = the run's (a grid's
+    shared calibration: ``[lr.fedhv]``'s). ``fedhv tune`` pins them in its chosen configuration, so a
+    grid of tuned methods calibrates at the rates its trials calibrated at, not at FedHV's tuned ones.
     """
 
     rounds: int = 20
@@ -175,6 +179,16 @@ class CalibrationConfig:
     seeds: tuple[int, ...] = (0,)
     partition_alpha: float | None = None
     partition_strata: str | None = None
+    lr_global: float | None = None
+    lr_local: float | None = None
+
+    def train_for(self, run: TrainConfig) -> TrainConfig:
+        """The local training calibration runs with: the run's, with ``lr_*`` applied."""
+        return replace(
+            run,
+            lr_global=run.lr_global if self.lr_global is None else self.lr_global,
+            lr_local=run.lr_local if self.lr_local is None else self.lr_local,
+        )
 
     def partition_for(self, run: PartitionConfig) -> PartitionConfig:
         """The partition calibration runs on: the run's, with ``partition_*`` applied."""

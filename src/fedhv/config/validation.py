@@ -262,6 +262,10 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
         positive("calibration.partition_alpha", c.partition_alpha)
     if c.partition_strata is not None:
         choice("calibration.partition_strata", c.partition_strata, STRATA)
+    for key in ("lr_global", "lr_local"):
+        if getattr(c, key) is not None:
+            positive(f"calibration.{key}", getattr(c, key), "a learning rate must be positive; leave it unset for "
+                     "the run's own")
     d = cfg.data
     if d.rotation_degrees is not None and d.rotation_degrees < 0:
         raise ConfigError(f"data.rotation_degrees = {d.rotation_degrees} must be >= 0 (0 = no rotation)")

@@ -22,7 +22,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,7 @@ def calibrate(cfg: RunConfig, data: FederatedData, progress: ProgressFactory | N
     """
     problem = problem if problem is not None else Problem.of(cfg)
     c = cfg.calibration
+    cfg = replace(cfg, train=c.train_for(cfg.train))  # calibration.lr_*, when pinned
     bar = progress(c.rounds * len(c.seeds), "calibration") if progress is not None else None
     start = time.perf_counter()
     records: dict[str, list[RoundRecord]] = {}

@@ -26,8 +26,9 @@ LOCK_FILE = ".fedhv-grid.lock"
 
 
 @contextlib.contextmanager
-def driver_lock(out: Path) -> Iterator[None]:
-    """Hold ``out``'s driver lock while the block runs (``out`` is created when missing).
+def driver_lock(out: Path, what: str = "fedhv grid") -> Iterator[None]:
+    """Hold ``out``'s driver lock while the block runs (``out`` is created when missing); ``what`` names the
+    command in the refusal (``fedhv tune`` holds its folder the same way).
 
     Raises
     ------
@@ -49,7 +50,7 @@ def driver_lock(out: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process that wrote no PID yet"
-            raise GridError(f"{out} is in use by another fedhv grid driver ({holder}); wait for it to end or stop "
+            raise GridError(f"{out} is in use by another {what} driver ({holder}); wait for it to end or stop "
                             "it, or give another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
