@@ -14,7 +14,6 @@ from fedhv.cli_args import method_arg as _method
 from fedhv.cli_args import quote as _quote
 from fedhv.cli_grid import add_grid_parser, run_grid_command
 from fedhv.cli_tune import add_tune_parser, run_tune_command
-from fedhv.cli_tune import add_tune_parser, run_tune_command
 from fedhv.errors import FedHVError
 
 
@@ -63,7 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
                       "valid) instead of printing it; a shell redirect leaves an empty file behind an error")
     sub.add_parser("presets", help="list the bundled settings, one line each")
     add_grid_parser(sub)
-    add_tune_parser(sub)
     add_tune_parser(sub)
     table = sub.add_parser("table", help="the paper's tables from run directories (no torch needed)")
     table.add_argument("dir", help="folder searched recursively for finished run directories")
@@ -216,8 +214,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _resume(args)
     if args.command == "grid":
         return run_grid_command(args)
-    if args.command == "tune":
-        return run_tune_command(args)
     if args.command == "tune":
         return run_tune_command(args)
     if args.command == "table":
