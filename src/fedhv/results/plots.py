@@ -60,6 +60,7 @@ from fedhv.results.plot_style import save as _save
 from fedhv.results.plot_style import series as _series
 from fedhv.results.plots_diagnostics import diagnostics_curves, fairness_curves, final_task_bars
 from fedhv.results.plots_front import front_figures
+from fedhv.results.plots_intervals import interval_figures
 
 __all__ = ["COLORS", "EXTRA_COLORS", "METRICS", "PAPER_FIGURES", "SIZES", "SPARSE", "PlotDependencyError",
            "PlotSizeError", "ablation_curves", "build_figures", "diagnostics_curves", "fairness_curves",
@@ -221,6 +222,7 @@ def build_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str
                 yield _stem(kind, setting), fig
     yield from ablation_curves(runs, size)
     yield from front_figures(runs, size)
+    yield from interval_figures(runs, size)
 
 
 def make_figures(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png", "pdf"),

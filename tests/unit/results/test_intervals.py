@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedhv.results.collect import find_runs
+from fedhv.results.collect import find_runs, method_label
 from fedhv.results.intervals import (
     bootstrap_interval,
     holm,
@@ -141,3 +141,31 @@ def test_the_table_reads_the_mean_of_the_last_ten_evaluations_and_the_validation
     (val,) = build_tables(find_runs(tmp_path, split="val")[0], ["intervals"])
     rows = {labels[0]: dict(zip(val.header, row)) for labels, row in zip(val.labels, val.rows)}
     assert rows["Uniform"]["WorstAcc ↑"].plain() == "68.00 ± 1.58" and "validation set" in val.title
+
+
+def test_the_interval_figure_draws_each_method_s_mean_and_interval(tmp_path: Path) -> None:
+    plt = pytest.importorskip("matplotlib.pyplot")
+    pytest.importorskip("autorank")
+    from fedhv.results.plots_intervals import interval_figures
+
+    for seed in (0, 1, 2, 3, 4):
+        _write_run(tmp_path, "fedhv", seed, [70.0 + seed, 80.0 + 2 * seed])
+        _write_run(tmp_path, "uniform", seed, [60.0 + seed, 70.0 + seed])
+        _write_run(tmp_path, "dwa", seed, [65.0 + seed, 75.0 - seed])
+    runs, _ = find_runs(tmp_path)
+    figures = dict(interval_figures(runs))
+    try:
+        assert list(figures) == ["intervals-multimnist", "critical-difference"]
+        worst = figures["intervals-multimnist"].axes[1]
+        lines = worst.get_lines()
+        bars, dots = lines[0::2], lines[1::2]
+        assert [d.get_label() for d in dots] == ["Uniform", method_label("dwa"), "FedHV"]  # worst first, at the bottom
+        fedhv_values = [75.0 + 1.5 * s for s in range(5)]  # last ten of 12 cycling 70+s, 80+2s
+        expected = interval(fedhv_values)
+        assert dots[2].get_xdata()[0] == pytest.approx(expected.mean)
+        assert list(bars[2].get_xdata()) == pytest.approx([expected.low, expected.high])
+        cd = figures["critical-difference"].axes[0].get_title()
+        assert "over 5 blocks" in cd and "Friedman" in cd
+    finally:
+        for fig in figures.values():
+            plt.close(fig)
