@@ -31,7 +31,7 @@ def test_set_table_value_is_deep_merged_like_extends(tmp_path: Path) -> None:
     # the rest of the preset's [train] and [lr.fedhv] tables is kept (was reset to the defaults: 32, 20)
     assert (over.train.batch_size, over.train.clients_per_round, over.partition.alpha) == (128, 10, 0.30)
     assert (over.lr["fedhv"].global_, over.lr["fedhv"].local) == (2.0, 0.3)
-    assert set(over.lr) == {"uniform", "fsmgda", "fedcmoo", "fedhv"}
+    assert set(over.lr) == {"uniform", "fsmgda", "fedcmoo", "fedhv", "fedcmoo-pref"}
     (tmp_path / "mine.toml").write_text('extends = "mnist-fmnist"\nsetting = "mnist-fmnist"\n'
                                         "[train]\nlocal_steps = 2\n[lr.fedhv]\nglobal = 2.0\n")
     assert load_config(str(tmp_path / "mine.toml")) == over
