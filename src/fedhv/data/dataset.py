@@ -375,7 +375,8 @@ class FederatedDataset:
             ``samples_per_client``, ``alpha``, ``seed``, ``strata`` act as in :meth:`from_tensors`, and
             ``ids`` names the natural-id column of ``partition="ids"``.
         cache : bool
-            Keep decoded images in fedhv's cache folder (keyed by the dataset's fingerprint).
+            Keep decoded images in fedhv's cache folder (keyed by a SHA-256 of the images' encoded
+            bytes, never by the dataset's declared fingerprint).
         validation : float or datasets.Dataset, optional
             A fraction of ``dataset``'s rows carved off before the partition (:meth:`from_tensors`;
             not with a ``partitioner``, which places every row), or validation rows with ``dataset``'s

@@ -6,7 +6,7 @@ What :meth:`fedhv.FederatedDataset.from_hf` is made of; ``pip install 'fedhv[hf]
 nothing here downloads.
 
 - **Inputs** (``features``): one ``Image`` column -- decoded once to ``uint8 [n, H, W(, C)]``, cached on
-  disk under the dataset's fingerprint like the built-in benchmarks (:func:`fedhv.data.cache.fetch_arrays`),
+  disk under a digest of the images' bytes like the built-in benchmarks (:func:`fedhv.data.cache.fetch_arrays`),
   given to the model as ``float32 [n, C, H, W]`` in ``[0, 1]``; one array column (fixed-shape lists or
   ``ArrayND``); or several numeric columns stacked as ``[n, k]``.
 - **Targets** (``tasks``): one column per task, named by the task or mapped with ``targets={task: column}``.
@@ -161,6 +161,35 @@ def _is_color(dataset: Any, column: str) -> bool:
     return str(getattr(dataset[0][column], "mode", "L")) not in ("L", "1", "I", "F", "I;16")
 
 
+def _image_digest(dataset: Any, column: str) -> str | None:
+    """SHA-256 over the encoded bytes of every image of ``column``, row by row (``None``: not all local).
+
+    What the decoded-image cache is keyed on, like the built-in benchmarks' caches on their sources' content: a
+    row stored as a path is read from that file (bounded, regular files only); a row that is neither bytes nor a
+    local file (a remote URL) makes the column uncacheable, so it is decoded every time.
+    """
+    import hashlib
+    import os
+
+    from fedhv import safe_io
+    from fedhv.data.files import MAX_IMAGE_BYTES
+
+    ds = _datasets()
+    digest = hashlib.sha256()
+    raw = dataset.select_columns([column]).cast_column(column, ds.Image(decode=False))
+    for batch in raw.iter(batch_size=1024):
+        for row in batch[column]:
+            blob = row.get("bytes") if isinstance(row, dict) else None
+            path = row.get("path") if isinstance(row, dict) else None
+            if blob is None and isinstance(path, str) and os.path.isfile(path):
+                blob = safe_io.read_regular(path, MAX_IMAGE_BYTES, follow=True)
+            if not isinstance(blob, bytes):
+                return None
+            digest.update(len(blob).to_bytes(8, "little"))
+            digest.update(blob)
+    return digest.hexdigest()
+
+
 def input_tensor(dataset: Any, features: str | Sequence[str], cache: bool = True, progress: bool = True
                  ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The model input ``x`` from the ``features`` column(s) (see the module docstring) and what it records."""
@@ -174,8 +203,11 @@ def input_tensor(dataset: Any, features: str | Sequence[str], cache: bool = True
         from fedhv.data.cache import cache_key, fetch_arrays
 
         col = names[0]
-        key = cache_key(fingerprint=dataset._fingerprint, column=col, rows=len(dataset))
-        arrays, info = fetch_arrays(f"hf-{col}", key, lambda: _decode_images(dataset, col, progress), enabled=cache)
+        content = _image_digest(dataset, col) if cache else None
+        # keyed on the images' bytes, never on dataset._fingerprint (state.json: the sender's word, issue 52)
+        key = cache_key(content=content, feature=str(dataset.features[col]), column=col, rows=len(dataset))
+        arrays, info = fetch_arrays(f"hf-{col}", key, lambda: _decode_images(dataset, col, progress),
+                                    enabled=cache and content is not None)
         x = torch.from_numpy(arrays["x"])
         x = (x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)).float().div_(255.0)
         return x, {"images": col, "cache": info}

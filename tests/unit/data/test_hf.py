@@ -113,3 +113,30 @@ def test_a_partitioner_that_already_holds_a_dataset_is_refused() -> None:
     used.dataset = ds
     with pytest.raises(ConfigError, match="already holds a dataset"):
         FederatedDataset.from_hf(ds, ["digit"], features="img", partitioner=used)
+
+
+def test_the_image_cache_is_keyed_on_the_pixels_not_on_the_declared_fingerprint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A saved dataset B whose ``state.json`` carries dataset A's fingerprint (anyone who sends a dataset can write
+    it) is decoded from its own images, never served A's cached ones (issue 52)."""
+    import json
+
+    monkeypatch.setenv("FEDHV_CACHE", str(tmp_path / "cache"))
+    a, _ = _images(seed=0)
+    b, b_pixels = _images(seed=1)
+    a.save_to_disk(str(tmp_path / "a"))
+    b.save_to_disk(str(tmp_path / "b"))
+    a_state = json.loads((tmp_path / "a" / "state.json").read_text())
+    b_state = json.loads((tmp_path / "b" / "state.json").read_text())
+    b_state["_fingerprint"] = a_state["_fingerprint"]
+    (tmp_path / "b" / "state.json").write_text(json.dumps(b_state))
+    a, b = datasets.load_from_disk(str(tmp_path / "a")), datasets.load_from_disk(str(tmp_path / "b"))
+    assert a._fingerprint == b._fingerprint  # the sender's word: the same dataset
+    FederatedDataset.from_hf(a, ["digit"], features="img", partition=[list(range(60))], progress=False)
+    got = FederatedDataset.from_hf(b, ["digit"], features="img", partition=[list(range(60))], progress=False)
+    assert torch.equal(got.x, torch.from_numpy(b_pixels).float().div(255).unsqueeze(1))
+    assert len(list((tmp_path / "cache").glob("hf-img-*.npz"))) == 2
+    # the same pixels under another fingerprint (a re-saved copy, a selection of all rows) share one entry
+    FederatedDataset.from_hf(b.select(range(60)), ["digit"], features="img", partition=[list(range(60))],
+                             progress=False)
+    assert len(list((tmp_path / "cache").glob("hf-img-*.npz"))) == 2
