@@ -11,7 +11,10 @@
 - The chosen configuration is a TOML file the loader takes: each method gets its chosen values, the setting
   keeps its name (``fedhv table`` groups its runs with the setting's).
 - A trial left running by a dead driver of this machine is failed and queued again with its parameters and
-  run directory; one of another machine's driver is left alone (Optuna, in-memory SQLite).
+  run directory; one of another machine's driver is left alone (Optuna, a SQLite file); a folder holding
+  another plan's tuning is refused.
+- ``calibration.lr_*`` (the chosen configuration pins them): checked, refused on Flower where a node would not
+  follow them, and a calibration runs at them, not at the run's rates.
 """
 
 from __future__ import annotations
@@ -212,3 +215,44 @@ def test_a_trial_of_a_dead_driver_is_queued_again_and_another_machines_is_left_a
     requeued, spec = again.ask("uniform")
     assert requeued.number == 2 and requeued.params == first.params
     assert spec.job.run_dir == first.user_attrs[RUN_DIR] == str(tmp_path / "trials" / "uniform" / "t000")
+
+
+def test_pinned_calibration_rates_are_checked_and_refused_where_a_node_cannot_follow_them() -> None:
+    from fedhv.config.flower import refuse_on_flower
+    from fedhv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"calibration\.lr_local = -0\.1 must be > 0"):
+        load_config("multimnist", ["calibration.lr_local=-0.1"])
+    refuse_on_flower(load_config("multimnist", ["calibration.lr_local=0.3"]))  # the run's own: fine
+    with pytest.raises(ConfigError, match=r"calibration\.lr_local = 0\.5: a SuperNode trains every stage"):
+        refuse_on_flower(load_config("multimnist", ["calibration.lr_local=0.5"]))
+
+
+@pytest.mark.needs_data
+def test_a_calibration_runs_at_its_pinned_rates_not_the_runs() -> None:
+    from fedhv.experiment.calibration import calibrate
+    from fedhv.experiment.problem import Problem
+
+    tiny = ["partition.clients=4", "partition.samples_per_client=32", "train.clients_per_round=2",
+            "train.local_steps=2", "train.batch_size=16", "calibration.rounds=2", "dtype=\"float64\""]
+
+    def reports(*overrides: str) -> list[list[float]]:
+        cfg = load_config("multimnist", [*tiny, *overrides])
+        return calibrate(cfg, Problem.of(cfg).data(cfg)).reports["0"]
+
+    at_fedhv = reports("method=\"fedhv\"")  # the preset's [lr.fedhv]: 1.2 / 0.3
+    pinned = reports("method=\"uniform\"", "train.lr_global=0.5", "train.lr_local=0.05",
+                     "calibration.lr_global=1.2", "calibration.lr_local=0.3")
+    assert pinned == at_fedhv
+    assert reports("method=\"uniform\"", "train.lr_global=0.5", "train.lr_local=0.05") != at_fedhv
+
+
+def test_a_folder_holding_another_plans_tuning_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    from fedhv.experiment.tune import Tuner
+
+    plan = TunePlan("multimnist", "multimnist", ("uniform",), 3, 6)
+    Tuner(check_plan(plan, trial_configs(plan)), tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}").prepare()
+    other = dataclasses.replace(plan, rounds=9)
+    with pytest.raises(TuneError, match=r"holds a tuning of another plan \(rounds 6 -> 9\); rerun it with its own"):
+        Tuner(check_plan(other, trial_configs(other)), tmp_path, f"sqlite:///{tmp_path / 'optuna.db'}").prepare()
