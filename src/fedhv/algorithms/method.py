@@ -193,8 +193,11 @@ class Method:
 
     @classmethod
     def search_space(cls) -> tuple[Dimension, ...]:
-        """What ``fedhv tune`` searches for this method: its learning rates, log-uniform from 1/4 to 4 times
-        the setting's (:data:`~fedhv.algorithms.tuning.LEARNING_RATES`), then :attr:`tuning`."""
+        """What ``fedhv tune`` searches for this method.
+
+        Its learning rates, log-uniform from 1/4 to 4 times the setting's
+        (:data:`~fedhv.algorithms.tuning.LEARNING_RATES`), then :attr:`tuning`.
+        """
         return (*LEARNING_RATES, *cls.tuning)
 
     # --- fronts (issue 41) -----------------------------------------------------------------
