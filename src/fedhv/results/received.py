@@ -263,6 +263,8 @@ def job_problem(job: Any) -> str | None:
                                                   and (isinstance(variant[1], (str, int, float))
                                                        or _front_aim(variant)))):
         return "'variant' is not [key, value], a front run's [\"front\", [u, delta]] or null"
+    if isinstance(variant, list) and variant and variant[0] == "front" and not _front_aim(variant):
+        return "'variant' is [\"front\", …] but not a front run's [\"front\", [u, delta]]"
     if job.get("ablation") is not None and not isinstance(job["ablation"], str):
         return "'ablation' is not a string"
     return None

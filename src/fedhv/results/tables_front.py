@@ -21,6 +21,7 @@ left open (B.8).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from fedhv.results.collect import (
     FRONT_ABLATION,
     Run,
     Stat,
+    log,
     method_label,
     ordered_methods,
     ordered_settings,
@@ -49,6 +51,8 @@ def front_point(run: Run) -> tuple[tuple[float, ...], float | None] | None:
     """``(u, delta)`` of a front run (``None`` for any other run)."""
     if run.ablation != FRONT_ABLATION or run.variant is None or run.variant[0] != FRONT_ABLATION:
         return None
+    if not isinstance(run.variant[1], (tuple, list)) or len(run.variant[1]) != 2:
+        return None  # received.job_problem left such a run out already (a Run built in Python)
     u, delta = run.variant[1]
     return tuple(float(v) for v in u), None if delta is None else float(delta)
 
@@ -68,15 +72,40 @@ def _losses(run: Run) -> np.ndarray | None:
 
 
 def front_runs(runs: Sequence[Run]) -> dict[str, dict[Family, dict[int, list[tuple[tuple[float, ...], Run]]]]]:
-    """Front runs by setting, family and seed: ``[(u, run), ...]``."""
+    """Front runs by setting, family and seed: ``[(u, run), ...]``.
+
+    A run whose final ``task_loss`` (or ``task_acc``, ``hv_reference``) has another length than its direction
+    ``u``, or than most front runs of its setting, is damaged (a received run edited, or of another setting):
+    it is left out with one ``warning: skipped RUN: … (run left out)`` line, as the paper tables skip one.
+    """
     out: dict[str, dict[Family, dict[int, list[tuple[tuple[float, ...], Run]]]]] = {}
-    for run in runs:
-        aim = front_point(run)
-        if aim is None or _losses(run) is None:
-            continue
+    aimed = [(run, aim) for run in runs if (aim := front_point(run)) is not None and _losses(run) is not None]
+    sizes: dict[str, Counter[int]] = {}
+    for run, (u, _) in aimed:
+        sizes.setdefault(run.setting, Counter())[len(u)] += 1
+    for run, aim in aimed:
         u, delta = aim
+        m = sizes[run.setting].most_common(1)[0][0]
+        problem = _size_problem(run, len(u), m)
+        if problem is not None:
+            log.warning(f"skipped {run.path}: {problem} (run left out)")
+            continue
         out.setdefault(run.setting, {}).setdefault((run.method, delta), {}).setdefault(run.seed, []).append((u, run))
     return out
+
+
+def _size_problem(run: Run, k: int, m: int) -> str | None:
+    """Why a front run aimed along a ``k``-task direction does not fit its setting's ``m`` tasks, or None."""
+    if k != m:
+        return f"its direction u has {k} values, most front runs of setting {run.setting!r} {m}"
+    for key in ("task_loss", "task_acc"):
+        value = run.reported.get(key)
+        if isinstance(value, list) and len(value) != m:
+            return f"its final {key} has {len(value)} values, its direction u {m}"
+    ref = run.summary.get("hv_reference")
+    if isinstance(ref, list) and ref and len(ref) != m:
+        return f"its hv_reference has {len(ref)} values, its direction u {m}"
+    return None
 
 
 def family_order(families: Sequence[Family]) -> list[Family]:

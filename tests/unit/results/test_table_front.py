@@ -195,3 +195,39 @@ def test_a_seed_covering_fewer_directions_is_left_out_of_its_familys_row(tmp_pat
     assert hv["fedhv@margin=3"].n == 1 and hv["fedhv@margin=3"].mean == pytest.approx(_hv2(seed0))  # type: ignore[union-attr]
     assert any("FedHV δ=3: seed(s) 1 left out" in n for n in table.notes)
     assert hv["fedhv@margin=0.15"].n == 2  # type: ignore[union-attr]  # complete on both seeds: kept
+
+
+FRONT_DAMAGES = {
+    # the last task_loss one value longer than its siblings' (a received run edited or from another setting)
+    "loss-length": ("summary.json", lambda s: {**s, "task_loss": [*s["task_loss"], 0.4],
+                                               "task_acc": [*s["task_acc"], 80.0]}),
+    # a front run's variant that is no [u, delta]
+    "variant-number": ("grid-job.json", lambda j: {**j, "variant": ["front", 5]}),
+}
+
+
+@pytest.mark.parametrize("damage", list(FRONT_DAMAGES))
+def test_a_damaged_front_run_is_skipped_with_a_warning_naming_it(tmp_path: Path, damage: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``fedhv table --table front`` and ``fedhv plot`` leave the damaged run out with one warning naming it and
+    tabulate / draw the rest, as the paper tables do (issue 52: both ended with a traceback)."""
+    from fedhv.cli import main
+
+    _write(tmp_path)
+    run = tmp_path / "multimnist" / "front" / "u=0.5,0.5" / "linear" / "s1"
+    name, edit = FRONT_DAMAGES[damage]
+    (run / name).write_text(json.dumps(edit(json.loads((run / name).read_text()))))
+    capsys.readouterr()
+    assert main(["table", str(tmp_path), "--table", "front"]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and str(run) in warnings[0] and "left out" in warnings[0], err
+    assert "Linear" in out and "FedHV δ=0.15" in out
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "figures"), "--formats", "png"]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and str(run) in warnings[0], err
+    assert (tmp_path / "figures" / "front-multimnist-loss.png").is_file()
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
