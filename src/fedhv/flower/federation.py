@@ -61,6 +61,22 @@ from fedhv.sim.faults import FaultInjector, no_faults
 log = logging.getLogger("fedhv")
 
 
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype of a torch dtype (``torch.float32`` -> ``float32``)."""
+    return np.dtype(str(dtype).removeprefix("torch."))
+
+
+def _dtype_problem(reply: ClientReply, dtype: torch.dtype) -> str | None:
+    """Why a reply's update or gradients do not fit the broadcast model's ``dtype``, or ``None``: a float64
+    update of 1e300 is finite where :func:`reply_problem` looks and infinite in a float32 model (issue 52)."""
+    want = _numpy_dtype(dtype)
+    for name in ("deltas", "gradients"):
+        value = getattr(reply, name, None)
+        if isinstance(value, np.ndarray) and not np.can_cast(value.dtype, want, "safe"):
+            return f"{name} have dtype {value.dtype}, which does not fit the model's {want}; reply in the model's dtype"
+    return None
+
+
 def round_trip(grid: Grid, messages: list[Message], timeout: float | None, poll_s: float = 0.02) -> list[Message]:
     """Push ``messages`` and pull their replies until all arrived or ``timeout`` s passed.
 
@@ -290,10 +306,12 @@ class FlowerFederation(FederationAccounting):
         got = [int(np.size(b)) for b in reply.buffers]
         if got != sizes:
             return f"buffers have sizes {got}, expected {sizes}"
-        for b in reply.buffers:
+        for b, held in zip(reply.buffers, g.buffers):
             arr = np.asarray(b)
             if arr.dtype.kind not in "fiu" or not np.isfinite(arr.astype(np.float64)).all():
                 return f"buffers have non-finite or non-numeric values (dtype {arr.dtype})"
+            if not np.can_cast(arr.dtype, _numpy_dtype(held.dtype), "safe"):
+                return f"buffers have dtype {arr.dtype}, which does not fit the model's {_numpy_dtype(held.dtype)}"
         return None
 
     def _merge_buffers(self, valid: list[ClientReply]) -> None:
@@ -347,7 +365,7 @@ class FlowerFederation(FederationAccounting):
             reply = got.get(c)
             if reply is None:
                 continue
-            problem = reply_problem(reply, spec)
+            problem = reply_problem(reply, spec) or _dtype_problem(reply, theta.dtype)
             if problem is None and spec.train_rows:
                 problem = self._buffers_problem(reply)
             if problem is None and weighted and self._samples(c) < 1:

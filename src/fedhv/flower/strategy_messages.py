@@ -10,6 +10,7 @@ evaluate reply (:func:`evaluate_reply_problem`) and of a train reply's records
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
@@ -102,17 +103,25 @@ def evaluate_reply_problem(reply: Message, num_tasks: int, max_num_examples: int
     return None
 
 
-def train_arrays_problem(arrays: ArrayRecord, sent: Mapping[str, tuple[int, ...]]) -> str | None:
+def train_arrays_problem(arrays: ArrayRecord, sent: Mapping[str, tuple[int, ...]],
+                         dtypes: Mapping[str, np.dtype[Any]] | None = None) -> str | None:
     """Why a train reply's arrays must be dropped, or ``None``: exactly the broadcast arrays' names
-    (``sent``: name -> shape) and shapes, real numbers, all finite."""
+    (``sent``: name -> shape) and shapes, real numbers, all finite, and (``dtypes``: name -> the broadcast
+    dtype) each of a dtype that casts safely to the broadcast's: a float64 array of 1e300 is finite, and
+    infinite in the clients' float32 model."""
     names = list(arrays.keys())
     if set(names) != set(sent) or len(names) != len(sent):
         missing, extra = sorted(set(sent) - set(names)), sorted(set(names) - set(sent))
         return f"array names differ from the broadcast ones (missing {missing[:5]}, unexpected {extra[:5]})"
     for name in names:
-        problem = array_problem(f"array {name!r}", arrays[name].numpy(), sent[name])
+        value = arrays[name].numpy()
+        problem = array_problem(f"array {name!r}", value, sent[name])
         if problem is not None:
             return problem
+        want = None if dtypes is None else dtypes.get(name)
+        if want is not None and not np.can_cast(value.dtype, want, "safe"):
+            return (f"array {name!r} has dtype {value.dtype}, which does not fit the broadcast's {want} (its values "
+                    "may not exist in the clients' model); reply in the dtype received")
     return None
 
 

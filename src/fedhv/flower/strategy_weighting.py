@@ -51,7 +51,7 @@ __all__ = ["EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult
 #: Attributes of the FedHV layer (kept when start() restores the base Strategy after the calibration).
 _FEDHV_STATE = ("num_tasks", "margin", "rho_clip", "reference", "calibration_rounds", "max_report_ratio",
                 "max_num_examples", "metric_keys", "nonnegative", "weights", "history", "rejected", "skipped", "_phase",
-                "_calibration_reports", "_sent", "_restarting", "_announced", "method", "seed", "_rule", "_memory",
+                "_calibration_reports", "_sent", "_sent_dtypes", "_restarting", "_announced", "method", "seed", "_rule", "_memory",
                 "_rule_rounds", "_calibrate")
 
 
@@ -97,7 +97,9 @@ class FedHVWeighting(FedAvg):
 
     Every reply is validated before it reaches the model or the weights (:meth:`reply_problem`):
     one ArrayRecord with exactly the broadcast arrays' names and shapes, real numbers (float or
-    integer; the dtype may differ, as an integer buffer comes back from a float mean), all finite; one
+    integer) of a dtype that casts safely to the broadcast's (float32 to float64 and an integer buffer's
+    int64 to the float mean it was broadcast as are kept; a float64 reply to a float32 broadcast is
+    dropped: 1e300 is finite there and infinite in the clients' model), all finite; one
     MetricRecord with a report of ``num_tasks`` finite values (``>= 0`` for the tasks declared
     ``nonnegative``), no report (of a non-negative task) above
     ``max_report_ratio`` times the round's lower median of its task
@@ -216,6 +218,7 @@ class FedHVWeighting(FedAvg):
         self._phase = "train"
         self._calibration_reports: list[list[float]] = []
         self._sent: dict[str, tuple[int, ...]] | None = None  # the broadcast arrays: name -> shape
+        self._sent_dtypes: dict[str, np.dtype[Any]] | None = None  # ... and name -> dtype
         self._restarting = False  # start() runs the calibration and restarts from the initial arrays
         self._announced = False
 
@@ -260,6 +263,7 @@ class FedHVWeighting(FedAvg):
             self.weights = np.full(self.num_tasks, 1.0 / self.num_tasks)
         config[WEIGHTS_KEY] = [float(w) for w in self.weights]
         self._sent = {name: tuple(a.shape) for name, a in arrays.items()}
+        self._sent_dtypes = {name: np.dtype(a.numpy().dtype) for name, a in arrays.items()}
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -335,7 +339,7 @@ class FedHVWeighting(FedAvg):
         arrays, metrics = records(reply)
         if self._sent is None:  # aggregate_train without configure_train: nothing to compare with
             return "no arrays were broadcast in this round"
-        return train_arrays_problem(arrays, self._sent) or train_metrics_problem(
+        return train_arrays_problem(arrays, self._sent, self._sent_dtypes) or train_metrics_problem(
             metrics, self.num_tasks, self.nonnegative, self.metric_keys, self.max_num_examples,
             need_examples=self.weighted_by_key == EXAMPLES_KEY)
 

@@ -222,7 +222,7 @@ def test_one_node_cannot_own_the_calibrated_reference(bad_report: list[float],
         def reply(msg: Message) -> Message:
             d = int(np.prod(msg.content.array_records[MODEL]["theta"].shape))
             report = np.array(bad_report) if client == BAD else honest_report
-            update = np.full((1, d), 1e-4 * (client + 1))
+            update = np.full((1, d), 1e-4 * (client + 1), dtype=np.float32)  # the float32 model's dtype
             return Message(result_content(StageResult(report=report, deltas=update)), reply_to=msg)
         return reply
 
@@ -283,3 +283,25 @@ def test_a_reply_with_bad_model_buffers_is_rejected(case: str) -> None:
     for j, b in enumerate(engine.buffers):
         want = np.mean([buffers_of(c)[j] for c in GOOD], axis=0)
         np.testing.assert_allclose(b.detach().numpy().astype(np.float64), want.reshape(b.shape), rtol=1e-12)
+
+
+@pytest.mark.parametrize("update", [np.full((1, D), 1e300), np.full((1, D), 2**40, dtype=np.int64)],
+                         ids=["float64-huge", "int64"])
+def test_an_update_that_does_not_fit_the_models_dtype_is_rejected(update: np.ndarray) -> None:
+    """A float32 run: a float64 update of 1e300 is finite where it is checked and infinite once cast to the
+    model's float32 (issue 52); an update is checked against the broadcast model's dtype. Honest float32
+    updates (and a float32 update to a float64 model, test above) are kept."""
+    grid = LoopbackGrid({node_of(c): honest32(c) for c in GOOD} | {node_of(BAD): tampered(deltas=update)})
+    fed = federation(grid, "train", "mean")
+    theta = torch.linspace(0.1, 0.5, D, dtype=torch.float32)
+    result = UniformAlgorithm(lr_global=1.0, report=True).round(UniformAlgorithm(1.0).init_state(M), theta, fed)
+    assert torch.isfinite(result.theta).all()
+    np.testing.assert_allclose(result.theta.numpy(), expected("mean")[0], rtol=1e-6)
+    assert [c for c, _ in fed.rejected] == [BAD] and "float32" in fed.rejected[0][1], fed.rejected
+
+
+def honest32(client: int) -> Callable[[Message], Message]:
+    def reply(msg: Message) -> Message:
+        return Message(result_content(StageResult(report=report_of(client),
+                                                  deltas=delta_of(client).astype(np.float32))), reply_to=msg)
+    return reply

@@ -120,6 +120,10 @@ FUZZ: dict[str, Callable[[Message], Message]] = {
     "update-extra-array": bad_arrays(lambda a: {**a, "c": np.zeros(2, dtype=np.float32)}),
     "update-complex": bad_arrays(lambda a: {**a, "b": a["b"].astype(np.complex64)}),
     "update-bool": bad_arrays(lambda a: {**a, "b": a["b"] > 0}),
+    # finite in float64, infinite in the clients' float32 model (issue 52: it destroyed a real Baseline run)
+    "update-float64-huge": bad_arrays(lambda a: {**a, "w": np.full((3, 2), 1e300)}),
+    "update-float64": bad_arrays(lambda a: {k: v.astype(np.float64) for k, v in a.items()}),
+    "update-int64-for-float32": bad_arrays(lambda a: {**a, "b": np.array([2**40, 0], dtype=np.int64)}),
     "unit-huge": bad_metrics(**{UNIT_KEY: 1e9}),
     "unit-negative": bad_metrics(**{UNIT_KEY: -1.0}),
     "unit-nan": bad_metrics(**{UNIT_KEY: nan}),
@@ -289,3 +293,27 @@ def test_declared_metric_keys_are_averaged_and_checked() -> None:
     _, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
     assert metrics is not None and metrics["accuracy"] == pytest.approx(0.6)
     assert [r[2] for r in strategy.rejected] == [BAD] and "accuracy" in strategy.rejected[0][3]
+
+
+def test_an_update_is_checked_against_the_broadcast_dtype_and_a_narrower_one_is_kept() -> None:
+    """A reply's dtype must fit the broadcast's (issue 52): float32 replies to a float64 broadcast and an
+    integer buffer's int64 reply to the float64 mean it was broadcast as are kept; a float64 reply to a
+    float32 broadcast is dropped, naming both dtypes."""
+    strategy = make("uniform", False)
+    start = ArrayRecord({"w": Array(np.ones((3, 2))), "n": Array(np.array([3.0])), "b": Array(np.zeros(2, np.float32))})
+
+    def node(k: int, wide: bool = False) -> Callable[[Message], Message]:
+        def reply(msg: Message) -> Message:
+            arrays = {"w": np.full((3, 2), 0.5 * k, dtype=np.float32), "n": np.array([4], dtype=np.int64),
+                      "b": np.full(2, 1e300 if wide else 0.1, dtype=np.float64 if wide else np.float32)}
+            return raw_reply(msg, arrays, {REPORT_KEY: report_of(k), UNIT_KEY: 1.0})
+        return reply
+
+    grid = LoopbackGrid({1: node(1), 2: node(2), BAD: node(BAD, wide=True)})
+    messages = list(strategy.configure_train(1, start, ConfigRecord(), grid))
+    arrays, _ = strategy.aggregate_train(1, grid.send_and_receive(messages))
+    assert arrays is not None
+    np.testing.assert_allclose(arrays["w"].numpy(), 0.75)
+    np.testing.assert_allclose(arrays["b"].numpy(), 0.1, rtol=1e-6)
+    assert [r[2] for r in strategy.rejected] == [BAD]
+    assert "float64" in strategy.rejected[0][3] and "float32" in strategy.rejected[0][3]
