@@ -9,10 +9,15 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from fedhv.experiment.grid_ray import keep_local_ray_on_loopback
 from fedhv.flower.strategy import fedhv_reply, task_weights
 from fedhv_baseline.dataset import load_partition
 from fedhv_baseline.model import Net, task_losses
 from fedhv_baseline.strategy import TASKS
+
+# `flwr run .` (the Simulation Engine) loads this module, then starts Ray, which listens on every interface by
+# default and has no authentication: keep it on 127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, as fedhv's grid)
+keep_local_ray_on_loopback()
 
 app = ClientApp()
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from fedhv.experiment.grid_ray import keep_local_ray_on_loopback
 from fedhv.flower.strategy import fedhv_evaluate_reply, fedhv_reply, task_weights
 from own_app.task import TASKS, Net, client_data, local_update, metrics
+
+# the Simulation Engine loads this module, then starts Ray (no authentication) on every interface: keep it on
+# 127.0.0.1 (a no-op when RAY_ADDRESS names another machine's cluster)
+keep_local_ray_on_loopback()
 
 app = ClientApp()
 

@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -134,6 +135,23 @@ def loopback_only() -> Iterator[None]:
     finally:
         if saved is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def keep_local_ray_on_loopback() -> bool:
+    """From now on, a local Ray node this process (or a process it starts) starts binds and advertises
+    127.0.0.1 only: :func:`loopback_only`'s settings, kept. For Flower's Simulation Engine, which calls
+    ``ray.init()`` itself after loading the ClientApp's module (fedhv's Flower App and its Baseline call this
+    when their module is loaded). Ray is not imported here: when it is not loaded yet, the variable alone
+    decides. Nothing changes when ``RAY_ADDRESS`` names another machine's cluster (a cluster of the
+    user's: it cannot be loopback-only); returns whether the setting was made."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local" and not _loopback_host(address):
+        return False
+    os.environ[LOOPBACK_ENV] = "0"
+    ray_constants = sys.modules.get("ray._private.ray_constants")
+    if ray_constants is not None and hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    return True
 
 
 def _loopback_host(address: str) -> bool:

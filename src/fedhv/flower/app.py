@@ -42,6 +42,10 @@ each round, the final metrics), which ``flwr run --stream`` / ``flwr log`` show.
 
 ``out`` / ``resume`` are claimed (locked, checked: busy, finished, a link, a FIFO, missing) before the
 handshake makes any node load data.
+
+Loading this module keeps a local Ray instance that this process starts later on 127.0.0.1
+(:func:`fedhv.experiment.grid_ray.keep_local_ray_on_loopback`): the Simulation Engine loads the ClientApp's
+module before it calls ``ray.init()``, which would otherwise listen on every interface.
 """
 
 from __future__ import annotations
@@ -60,10 +64,15 @@ from flwr.serverapp import Grid, ServerApp
 from fedhv.config import dumps, to_dict
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
+from fedhv.experiment.grid_ray import keep_local_ray_on_loopback
 from fedhv.flower.client import app as client_app
 from fedhv.flower.federation import FlowerSetupError, ask_nodes
 from fedhv.flower.protocol import INFO, NODE, as_int
 from fedhv.flower.server import LogProgress, on_flower, round_line
+
+# Flower's Simulation Engine loads this module, then starts Ray itself, on every interface by default (Ray has
+# no authentication): keep a local Ray instance on 127.0.0.1 as fedhv's own Ray grid does (issue 52)
+keep_local_ray_on_loopback()
 
 server_app = ServerApp()
 log = logging.getLogger("fedhv")

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from fedhv.config import load_config
 from fedhv.experiment.runner import run_experiment
 from flower_support import assert_gone, needs_flwr, rounds_of, theta_of
+from listening import exposed, run_watching
 
 from conftest import REPO
 
@@ -116,15 +116,18 @@ def test_flwr_run_of_the_app_in_the_simulation_engine_equals_fedhv_run(tmp_path:
     run_config = f'rounds=2 seed=3 clients=3 set="{"; ".join(SETS)}" out="{out}"'  # clients given: no discovery
     flwr = str(Path(sys.executable).parent / "flwr")
     seen: list[int] = []
-    try:
-        res = subprocess.run([flwr, "run", str(ROOT / "flower-app"), "sim", "--federation-config",
-                              "num-supernodes=3 client-resources-num-cpus=1", "--run-config", run_config, "--stream"],
-                             capture_output=True, text=True, env=env, timeout=540, check=False)
+    try:  # the sockets every process of the run listens on, sampled while it runs
+        res, sockets = run_watching([flwr, "run", str(ROOT / "flower-app"), "sim", "--federation-config",
+                                     "num-supernodes=3 client-resources-num-cpus=1", "--run-config", run_config,
+                                     "--stream"], token, timeout=540, env=env)
         seen = marked(token)
     finally:
         sweep(token, grace_s=3.0)
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-3000:]
+    # the Simulation Engine's Ray and the local SuperLink listen on the loopback only (issue 52)
+    assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sorted(sockets)  # not vacuous
+    assert not exposed(sockets), f"listening beyond the loopback: {exposed(sockets)}"
     for line in ("fedhv: calibration 1/1", "fedhv: round 1/2", "fedhv: round 2/2", "fedhv: finished: MeanAcc"):
         assert line in log, log[-3000:]
     assert "asking the SuperNodes for their partition count" not in log  # one pass over the nodes
@@ -205,14 +208,16 @@ def test_own_model_example_app_with_the_fedhv_strategy(tmp_path: Path) -> None:
     flwr = str(Path(sys.executable).parent / "flwr")
     out = tmp_path / "final.pt"
     try:
-        res = subprocess.run([flwr, "run", str(ROOT / "examples" / "flower_own_app"), "sim", "--federation-config",
-                              "num-supernodes=4 client-resources-num-cpus=1", "--run-config",
-                              f'num-server-rounds=6 calibration-rounds=2 out="{out}"', "--stream"],
-                             capture_output=True, text=True, env=_sim_env(tmp_path, token), timeout=540, check=False)
+        res, sockets = run_watching([flwr, "run", str(ROOT / "examples" / "flower_own_app"), "sim",
+                                     "--federation-config", "num-supernodes=4 client-resources-num-cpus=1",
+                                     "--run-config", f'num-server-rounds=6 calibration-rounds=2 out="{out}"',
+                                     "--stream"], token, timeout=540, env=_sim_env(tmp_path, token))
     finally:
         sweep(token, grace_s=3.0)
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "own_app: fedhv final test metrics" in log, log[-3000:]
+    assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sorted(sockets)  # Ray ran, on the loopback
+    assert not exposed(sockets), f"listening beyond the loopback: {exposed(sockets)}"
     # fedhv's own lines reach the app's Flower log, and the evaluation rounds work (every node evaluates)
     assert "fedhv: reference r = " in log and "fedhv: round 6 (train): report " in log, log[-3000:]
     evaluated = re.search(r"own_app: evaluate round 6 (\{.*\})", log)

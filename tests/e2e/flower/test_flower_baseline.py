@@ -1,12 +1,12 @@
 """``baselines/fedhv``: FedHV in Flower Baselines' form (client_app, server_app, dataset with Flower Datasets,
 model, strategy), run with ``flwr run .`` in its folder on Flower's Simulation Engine: each node loads the client
-fedhv's own ``multimnist`` run uses, and the weights the run sent follow FedHV's map from its own reports."""
+fedhv's own ``multimnist`` run uses, and the weights the run sent follow FedHV's map from its own reports; every
+socket the run's processes listen on (Ray's included) is a loopback address."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from listening import exposed, run_watching
 
 from conftest import REPO
 
@@ -59,15 +61,19 @@ def test_flwr_run_in_the_baseline_folder_trains_fedhv(tmp_path: Path, data_root:
 
     token, out = uuid.uuid4().hex, tmp_path / "result.json"
     config = " ".join(f"{k}={v}" for k, v in RUN.items()) + f' out="{out}"'
-    try:
-        res = subprocess.run([str(Path(sys.executable).parent / "flwr"), "run", ".", "sim", "--federation-config",
-                              "num-supernodes=4 client-resources-num-cpus=1", "--run-config", config, "--stream"],
-                             cwd=BASELINE, capture_output=True, text=True, env=_env(tmp_path, token, data_root),
-                             timeout=540, check=False)
+    try:  # the sockets every process of the run listens on, sampled while it runs
+        res, sockets = run_watching([str(Path(sys.executable).parent / "flwr"), "run", ".", "sim",
+                                     "--federation-config", "num-supernodes=4 client-resources-num-cpus=1",
+                                     "--run-config", config, "--stream"],
+                                    token, timeout=540, cwd=BASELINE, env=_env(tmp_path, token, data_root))
     finally:
         sweep(token, grace_s=3.0)
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "fedhv_baseline: fedhv on 4 nodes, final test" in log, log[-3000:]
+    # the Simulation Engine's Ray (GCS, raylet, agents, workers) and the local SuperLink: loopback only (issue 52:
+    # Ray, which has no authentication, listened on every interface and registered the host's address)
+    assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sorted(sockets)  # not vacuous
+    assert not exposed(sockets), f"listening beyond the loopback: {exposed(sockets)}"
     result = json.loads(out.read_text())
     weights = {int(r): np.asarray(w) for r, w in result["task_weights"].items()}
     reports = {int(r): np.asarray(v) for r, v in result["reports"].items()}
