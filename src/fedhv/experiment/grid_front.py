@@ -75,7 +75,7 @@ def parse_directions(spec: str, m: int) -> list[tuple[float, ...]]:
                               "weight); use the interior lattice (--front H) or positive entries")
         total = sum(values)
         out.append(tuple(v / total for v in values))
-    return out
+    return list(dict.fromkeys(out))  # a direction given twice (1,1;2,2) runs once
 
 
 def _zero(values: Sequence[float]) -> int:
@@ -108,7 +108,10 @@ def num_tasks_of(source: str, overrides: Sequence[str]) -> int:
 
 
 def _text(v: float) -> str:
-    return f"{v:.4g}"
+    """``v`` in a folder name: the fewest significant digits, 4 or more, that read back as ``v`` exactly
+    (``0.25``, ``2``, ``0.16666666666666666``), so two directions or margins never share a folder (4 significant
+    digits did); where 4 digits were exact the name is the one earlier versions gave."""
+    return next(s for k in range(4, 18) if float(s := f"{v:.{k}g}") == v)
 
 
 def plan_front(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[int], out: Path,

@@ -33,7 +33,7 @@ def test_a_front_sweep_aims_every_run_and_tabulates_its_front(tmp_path: Path,
     cal = json.loads(cal_file.read_text())
     points = []
     for u in ((2 / 3, 1 / 3), (1 / 3, 2 / 3)):  # the interior lattice at H = 1: (k + 1) / (H + m)
-        where = out / "multimnist" / "front" / f"u={u[0]:.4g},{u[1]:.4g}"
+        where = out / "multimnist" / "front" / f"u={u[0]!r},{u[1]!r}"  # exact: two directions never share one
         for delta in (0.15, 2.0):
             summary = json.loads((where / f"margin={delta:g}" / "fedhv" / "s0" / "summary.json").read_text())
             want = np.asarray(cal["max_report"]) + delta * 2 * np.asarray(u)

@@ -124,3 +124,23 @@ def test_a_user_benchmark_named_as_module_attribute_gets_its_front(tmp_path: Pat
     aims = sorted(Path(j.run_dir).relative_to(tmp_path).parts[2] for j in jobs if "linear" in j.run_dir)
     assert aims == ["u=0.25,0.75", "u=0.5,0.5", "u=0.75,0.25"]  # H = 2, m = 2: (k + 1) / 4
     assert len(jobs) == 3 * 2 and len(calibrations) == 1
+
+
+def test_two_directions_never_share_a_folder_and_a_repeated_one_runs_once(tmp_path: Path) -> None:
+    """Issue 52: folder names kept 4 significant digits, so 0.50001,0.49999 and 0.5,0.5 shared ``u=0.5,0.5`` (the
+    second overwrote the first's grid-job.json); a direction given twice (also as 2,2) was planned twice."""
+    spec = "0.50001,0.49999;0.5,0.5;1,1;2,2;0.25,0.75"
+    assert parse_directions(spec, 2) == [(0.50001, 0.49999), (0.5, 0.5), (0.25, 0.75)]
+    jobs, _ = plan_front(["multimnist"], ["fedhv", "linear"], [0], tmp_path, (), spec, (0.15, 0.150001),
+                         num_tasks=_two)
+    dirs = [j.run_dir for j in jobs]
+    assert len(dirs) == len(set(dirs)) == 3 * (2 + 1)
+    # each folder name is its direction (and margin) exactly: read back, it is the job's variant
+    for job in jobs:
+        rel = Path(job.run_dir).relative_to(tmp_path).parts
+        u = tuple(float(v) for v in rel[2].removeprefix("u=").split(","))
+        assert job.variant is not None and job.variant[1][0] == u
+        if job.method == "fedhv":
+            assert float(rel[3].removeprefix("margin=")) == job.variant[1][1]
+    # the directions of the lattice keep short names where 4 digits are exact
+    assert {Path(j.run_dir).relative_to(tmp_path).parts[2] for j in jobs} >= {"u=0.5,0.5", "u=0.25,0.75"}
