@@ -102,8 +102,10 @@ class LossOnlyState:
 
     @classmethod
     def from_plain(cls, data: Any) -> LossOnlyState:
-        """Inverse of :meth:`to_plain`; every array must be finite, the weights on the simplex when
-        :attr:`on_simplex`."""
+        """Inverse of :meth:`to_plain`.
+
+        Every array must be finite, the weights on the simplex when :attr:`on_simplex`.
+        """
         d = fields(data, cls.kind, ("weights", "rounds", "memory"))
         weights = array_from_plain(d["weights"], "loss-only weights")
         assert weights is not None
@@ -121,8 +123,10 @@ class LossOnlyState:
 
 @dataclass(frozen=True)
 class ScaledLossOnlyState(LossOnlyState):
-    """The state of a loss-only method whose weights keep their authors' scale (not on the simplex):
-    ``sum_i w_i`` is the round's effective step on the local learning rate."""
+    """The state of a loss-only method whose weights keep their authors' scale (not on the simplex).
+
+    ``sum_i w_i`` is the round's effective step on the local learning rate.
+    """
 
     kind: ClassVar[str] = "loss-only-scaled"
     on_simplex: ClassVar[bool] = False

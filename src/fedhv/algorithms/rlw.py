@@ -86,8 +86,10 @@ class RandomWeights:
 
 @dataclass(frozen=True)
 class StepRandomWeights:
-    """The clients draw ``softmax(eps)``, ``eps ~ N(0, std^2 I)``, at every local step (:attr:`client_draw`);
-    the server's ``w^t`` is the draws' mean ``1/m``."""
+    """The clients draw ``softmax(eps)``, ``eps ~ N(0, std^2 I)``, at every local step.
+
+    Their law is :attr:`client_draw`; the server's ``w^t`` is the draws' mean ``1/m``.
+    """
 
     std: float = 1.0
 

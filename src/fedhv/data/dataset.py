@@ -176,8 +176,11 @@ def _partition(spec: str | Sequence[Sequence[int]], n: int, y: torch.Tensor, tas
 
 
 def _carve(validation: float, n: int, listed: Sequence[Sequence[int]] | None, seed: int) -> np.ndarray:
-    """The sorted rows of a validation fraction: ``round(f n)`` rows from the stream ``(seed, "val-split")``,
-    among all ``n`` rows, or (a partition given as index lists) among the rows no client holds."""
+    """The sorted rows of a validation fraction.
+
+    ``round(f n)`` rows from the stream ``(seed, "val-split")``, among all ``n`` rows, or (a partition
+    given as index lists) among the rows no client holds.
+    """
     if isinstance(validation, bool) or not isinstance(validation, numbers.Real) or not 0 < float(validation) < 1:
         raise ConfigError(f"validation = {validation!r} must be a fraction in (0, 1) of the training rows or "
                           "(x_val, targets_val); e.g. validation=0.1")
