@@ -11,6 +11,7 @@ sharing ``OUT`` over NFS may not see each other's lock (docs/cluster.md).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
@@ -33,15 +34,21 @@ def driver_lock(out: Path, what: str = "fedhv grid") -> Iterator[None]:
     Raises
     ------
     GridError
-        Another process holds the lock (the message names its PID and host), or the lock file
-        is a link or not a regular file.
+        Another process holds the lock (the message names its PID and host), the lock file
+        is a link or not a regular file, or ``out`` cannot be written (a read-only or full file
+        system: one line naming ``out`` and the cause).
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only file system, a full one, a path through a file
+        raise _unwritable(out, exc) from None
     path = out / LOCK_FILE
     try:
         fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
     except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise _unwritable(out, exc) from None
         raise GridError(f"{path} cannot be opened ({exc.strerror}); remove it if it is a link or not a file") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -52,11 +59,20 @@ def driver_lock(out: Path, what: str = "fedhv grid") -> Iterator[None]:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "a process that wrote no PID yet"
             raise GridError(f"{out} is in use by another {what} driver ({holder}); wait for it to end or stop "
                             "it, or give another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"PID {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"PID {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:  # a full file system, a quota
+            raise _unwritable(out, exc) from None
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting driver)
+
+
+def _unwritable(out: Path, exc: OSError) -> GridError:
+    """One line naming the folder and the cause (errno), instead of a raw ``OSError``."""
+    return GridError(f"--out {out}: cannot write the grid folder ({exc.strerror or exc}); choose a writable folder "
+                     "with free space")
 
 
 __all__ = ["LOCK_FILE", "driver_lock"]
