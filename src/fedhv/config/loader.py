@@ -202,16 +202,46 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _parsed(item: str) -> list[tuple[list[str], Any]]:
+    """The ``(key path, value)`` pairs of one ``--set`` item: :func:`parse_override` of a one-line item; an item
+    holding new lines is TOML ``key = value`` statements parsed whole, as the Flower App's ``set``
+    (:func:`fedhv.flower.runconf.parse_set`): every statement applies, or an error applies none (``a=1\\nb=2`` read
+    as ``a = 1`` once, ``b`` dropped without a word)."""
+    if "\n" not in item and "\r" not in item:
+        return [parse_override(item)]
+    try:
+        table = tomllib.loads(item)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--set {_short(item)} holds several lines, read as TOML key = value statements, and is not "
+                          f"TOML ({exc}); quote strings (data.benchmark = 'pkg.mod:make') or give one --set per "
+                          "override; nothing was applied") from None
+    except RecursionError:
+        raise _too_deep(f"--set {_short(item, 30)}") from None
+    _check_depth(table, f"--set {_short(item, 30)}")
+    pairs: list[tuple[list[str], Any]] = []
+
+    def leaves(node: Mapping[str, Any], prefix: list[str]) -> None:
+        for key, value in node.items():
+            if isinstance(value, Mapping) and value:
+                leaves(value, [*prefix, key])
+            else:
+                pairs.append(([*prefix, key], value))
+
+    leaves(table, [])
+    if not pairs:
+        raise ConfigError(f"--set {_short(item)}: no key = value in it; e.g. --set train.local_steps=5")
+    return pairs
+
+
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``--set`` overrides to a raw config dictionary.
+    """Apply ``--set`` overrides to a raw config dictionary (an item of several lines: :func:`_parsed`).
 
     A table value is deep-merged into the table it overrides, as an including TOML
     file's tables are merged over its ``extends`` base: ``--set 'train={local_steps=2}'``
     changes ``train.local_steps`` only. Other values replace the old one.
     """
     out = dict(data)
-    for item in overrides:
-        path, value = parse_override(item)
+    for path, value in [pair for item in overrides for pair in _parsed(item)]:  # all parsed before any applies
         node = out
         for part in path[:-1]:
             child = node.get(part)

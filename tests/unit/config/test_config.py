@@ -83,3 +83,22 @@ def test_bad_toml_is_reported(tmp_path: Path) -> None:
     path.write_text("rounds = = 3\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(str(path))
+
+
+def test_a_set_of_several_lines_is_parsed_whole_as_the_apps_set(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 52: ``--set $'a=1\\nb=2'`` kept ``a`` and dropped ``b`` without a word. An item holding new lines is TOML
+    statements parsed whole, as the Flower App's ``set=``: every line applies, or an error applies none."""
+    from fedhv.cli import main
+
+    cfg = load_config("multimnist", ["train.local_steps=3\ntrain.batch_size=16", "rounds=4\r\nseed=9"])
+    assert (cfg.train.local_steps, cfg.train.batch_size, cfg.rounds, cfg.seed) == (3, 16, 4, 9)
+    cfg = load_config("multimnist", ["fedhv.reference = [\n  2.5,\n  2.6,\n]"])  # one value over lines: TOML
+    assert cfg.fedhv.reference == (2.5, 2.6) or list(cfg.fedhv.reference) == [2.5, 2.6]  # type: ignore[arg-type]
+    for bad, names in (("train.local_steps=3\ntrain.local_steps=4", "nothing was applied"),
+                       ("train.local_steps=3\ndata.benchmark=pkg.mod:make", "nothing was applied")):
+        with pytest.raises(ConfigError, match=names) as err:
+            load_config("multimnist", [bad])
+        assert "\n" not in str(err.value)
+    assert main(["show-config", "multimnist", "--set", "train.local_steps=3\ntrain.batch_size=16"]) == 0
+    shown = capsys.readouterr().out
+    assert "local_steps = 3" in shown and "batch_size = 16" in shown
