@@ -164,6 +164,11 @@ class Gate:
     async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         import httpx
 
+        size = _head_size(scope)
+        if size > MAX_HEADER_BYTES:  # h11 bounds an incomplete block only: one arriving whole in a read is parsed
+            await self._refuse(scope, send, Refusal(431, f"request headers of {size} bytes exceed the gate's limit of "
+                                                         f"{MAX_HEADER_BYTES} bytes"))
+            return
         endpoint = check_target(scope["method"], scope.get("raw_path") or b"", scope.get("query_string", b""),
                                 scope.get("path"))
         if isinstance(endpoint, Refusal):
@@ -229,6 +234,13 @@ class Gate:
                 yield chunk
         if received != length:
             raise _BodyError(0, "client disconnected before the end of its body")
+
+
+def _head_size(scope: dict[str, Any]) -> int:
+    """The bytes of a parsed request's head: its request line and header lines with their CRLFs."""
+    target = len(scope.get("raw_path") or b"") + (1 + len(scope["query_string"]) if scope.get("query_string") else 0)
+    line = len(scope.get("method", "")) + 1 + target + len(" HTTP/1.1\r\n")
+    return line + sum(len(name) + 2 + len(value) + 2 for name, value in scope.get("headers", ())) + 2
 
 
 def make_app(upstream: str, upstream_ca: str | None = None, limits: GateLimits | None = None) -> Gate:

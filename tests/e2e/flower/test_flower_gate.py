@@ -433,3 +433,55 @@ def test_slow_headers_are_cut_off_and_connections_capped(recipe: dict[str, Any],
     assert max(closed_at.values()) < 4.5
     assert _status(_exchange(port, _request("POST", b"/v1/fleet/get-run"))) not in (0, 400, 403)
     _assert_untouched(recipe, state=False)
+
+
+def test_a_header_block_over_16_kib_is_refused_even_in_one_read(tmp_path: Path) -> None:
+    """The docs' 16 KiB bound on request headers: h11 bounds only an *incomplete* header block, so 20 KB arriving in
+    one read was parsed and forwarded (issue 52). Now the gate answers 431 itself and its upstream (a plain socket
+    that records every connection) sees nothing; 15 KB of headers is forwarded as before."""
+    import threading
+
+    from fedhv.flower.procs import free_ports, wait_port
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = upstream.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                try:
+                    while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                        data += chunk
+                except OSError:
+                    pass
+                seen.append(data)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = free_ports(1)[0]
+    log = (tmp_path / "gate.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "fedhv.flower.gate", "--listen", f"127.0.0.1:{port}",
+                             "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}"], stdout=log, stderr=log)
+    try:
+        wait_port(port, proc, "gate", tmp_path)
+
+        def head(pad: int) -> bytes:  # Fleet path, allowed headers, a user-agent padding the block to its size
+            return (b"POST /v1/fleet/get-run HTTP/1.1\r\nHost: x\r\nContent-Type: application/protobuf\r\n"
+                    b"Content-Length: 0\r\nConnection: close\r\nUser-Agent: " + b"a" * pad + b"\r\n\r\n")
+
+        big = _exchange(port, head(20_000))  # one sendall: one read on loopback
+        assert _status(big) == 431 and big.partition(b"\r\n\r\n")[2].startswith(b"gate: "), big[:300]
+        assert seen == []  # nothing reached the upstream
+        small = _exchange(port, head(15_000))
+        assert _status(small) == 200 and len(seen) == 1, small[:300]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.close()
+        log.close()
