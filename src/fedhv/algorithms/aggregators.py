@@ -57,7 +57,7 @@ from fedhv.algorithms.gramian import (
     torchjd_weights,
 )
 from fedhv.algorithms.tuning import Choice, Dimension, Range
-from fedhv.config.validation import choice
+from fedhv.config.validation import at_most, choice
 from fedhv.errors import ConfigError
 from fedhv.rng import derive_seed
 
@@ -66,6 +66,14 @@ def _non_negative(key: str, **values: float) -> None:
     for name, value in values.items():
         if not value >= 0:
             raise ConfigError(f"{key}.{name} = {value} must be >= 0")
+
+
+#: Bounds on the rules' settings (issue 52). ``reg_eps`` regularises the trace-normalised Gramian (trace 1), so a
+#: regularisation of 1 already outweighs the Gramian itself (torchjd's default: 1e-4; 1e308 made quadprog fail
+#: mid-run). CAGrad's ``c``: the authors' theory takes ``c`` in [0, 1), their scripts 0.4 / 0.5, ``fedhv tune`` at
+#: most 0.9; at 10 the step is already ten times the mean gradient's length (1e308 made the cone program fail).
+MAX_REG_EPS = 1.0
+MAX_CAGRAD_C = 10.0
 
 
 @dataclass(frozen=True)
@@ -110,8 +118,10 @@ class _DualConeRule(_TorchJDRule):
         return getattr(agg, self.weighting_class)(projector=QuadprogProjector(reg_eps=self.reg_eps))
 
     def check_rule(self, key: str) -> None:
-        """Refuse a negative regularisation."""
+        """Refuse a negative regularisation, or one above the normalised Gramian's trace."""
         _non_negative(key, reg_eps=self.reg_eps)
+        at_most(f"{key}.reg_eps", self.reg_eps, MAX_REG_EPS, "it regularises the Gramian normalised to trace 1; "
+                "e.g. 1e-4 (torchjd's)")
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,7 @@ class CAGrad(_TorchJDRule):
     def check_rule(self, key: str) -> None:
         """Refuse a negative radius or a ``rescale`` that is not a boolean."""
         _non_negative(key, c=self.c)
+        at_most(f"{key}.c", self.c, MAX_CAGRAD_C, "the authors' theory takes c in [0, 1); e.g. 0.4 (their scripts')")
         if not isinstance(self.rescale, bool):
             raise ConfigError(f"{key}.rescale = {self.rescale!r} must be true or false (true: divide by 1 + c^2, "
                               "the authors' rescale = 1)")

@@ -28,8 +28,16 @@ import numpy as np
 
 from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
+from fedhv.algorithms.plain import StateError
 from fedhv.algorithms.tuning import Dimension, Range
+from fedhv.config.validation import at_least, at_most
 from fedhv.errors import ConfigError
+
+#: Bounds on ``dwa.temperature`` and ``dwa.window`` (issue 52). The softmax reads ``ratio / T`` with loss ratios
+#: near 1, so ``T = 1e-3`` (500 times below ``fedhv tune``'s smallest, 0.5) already gives one task all the
+#: weight; ``1e-320`` overflowed it to NaN weights. The memory holds ``2 window`` reports: a million rounds.
+MIN_TEMPERATURE = 1e-3
+MAX_WINDOW = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,11 @@ class DWAConfig:
     def check(self) -> None:
         """Refuse a non-positive temperature or window, or a bad report budget."""
         positive("dwa.temperature", self.temperature, "e.g. 2.0 (the authors')")
+        at_least("dwa.temperature", self.temperature, MIN_TEMPERATURE,
+                 "at 1e-3 a loss ratio 0.01 apart is already a weight factor e^10; e.g. 2.0 (the authors')")
         if self.window < 1:
             raise ConfigError(f"dwa.window = {self.window} must be >= 1 (1: the last round's report alone)")
+        at_most("dwa.window", self.window, MAX_WINDOW, "the rule keeps 2 x window reports; e.g. 1 or 5")
         check_report_batches("dwa.report_batches", self.report_batches)
 
 
@@ -68,6 +79,15 @@ class DynamicWeightAverage:
     def first(self, num_tasks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """``1/m``, nothing remembered."""
         return uniform(num_tasks), ()
+
+    def check_memory(self, memory: tuple[np.ndarray, ...], num_tasks: int) -> None:
+        """Refuse a (resumed) memory of more than ``2 window`` reports or a report of another length than ``m``."""
+        if len(memory) > 2 * self.window:
+            raise StateError(f"dwa memory holds {len(memory)} reports; dwa.window = {self.window} keeps at most "
+                             f"{2 * self.window}")
+        shapes = [list(np.shape(a)) for a in memory]
+        if any(s != [num_tasks] for s in shapes):
+            raise StateError(f"dwa memory has reports of shapes {shapes}; each holds the {num_tasks} tasks' losses")
 
     def next(self, report: np.ndarray, memory: tuple[np.ndarray, ...],
              round_index: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:

@@ -37,7 +37,9 @@ import numpy as np
 
 from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, softmax, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
+from fedhv.algorithms.plain import StateError
 from fedhv.algorithms.tuning import Choice, Dimension, Range
+from fedhv.config.validation import MAX_LOSS_LEVEL, at_most
 from fedhv.errors import ConfigError, FedHVError
 
 #: Adam's constants (``torch.optim.Adam``'s defaults, as the authors' code uses them).
@@ -45,6 +47,12 @@ BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 #: The shift of ``D = F - F^* + 1e-8`` (the authors').
 SHIFT = 1e-8
+#: Bounds on ``famo.lr`` and ``famo.weight_decay`` (issue 52): Adam moves each logit by about ``lr`` a round,
+#: so 10 (400 times the authors' 0.025, 100 times ``fedhv tune``'s largest) already gives one task all the
+#: weight within a round; the authors' decays are 0 to 0.01, and a decay of 1 outweighs the log-loss
+#: decreases it is added to. Far larger values overflowed the logits or Adam's moments to NaN weights.
+MAX_LR = 10.0
+MAX_WEIGHT_DECAY = 1.0
 
 
 class FAMOError(FedHVError):
@@ -75,8 +83,15 @@ class FAMOConfig:
     def check(self) -> None:
         """Refuse a non-positive learning rate, a negative weight decay or a bad report budget."""
         positive("famo.lr", self.lr, "e.g. 0.025 (the authors')")
+        at_most("famo.lr", self.lr, MAX_LR, "Adam moves each logit by about famo.lr a round, so 10 already puts "
+                "all weight on one task in a round (1e308 overflowed the logits to NaN weights); e.g. 0.025")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ConfigError(f"famo.weight_decay = {self.weight_decay} must be >= 0, e.g. 1e-3")
+        at_most("famo.weight_decay", self.weight_decay, MAX_WEIGHT_DECAY,
+                "the authors' scripts use 0 to 0.01; e.g. 1e-3")
+        if not abs(self.min_loss) <= MAX_LOSS_LEVEL:
+            raise ConfigError(f"famo.min_loss = {self.min_loss} is outside fedhv's bound of ±{MAX_LOSS_LEVEL:g} (a loss "
+                              "level); it is the losses' lower bound, e.g. 0 for non-negative losses")
         check_report_batches("famo.report_batches", self.report_batches)
 
 
@@ -97,6 +112,25 @@ class FAMORule:
     def first(self, num_tasks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """``1/m``, nothing remembered."""
         return uniform(num_tasks), ()
+
+    def check_memory(self, memory: tuple[np.ndarray, ...], num_tasks: int) -> None:
+        """Refuse a (resumed) memory that is not ``()`` or ``(F^{t-1} [m], xi [m], m [m], v [m], [steps])`` with
+        ``F^{t-1}`` above ``min_loss``, Adam's ``v >= 0`` and a whole ``steps >= 0`` (:class:`StateError`)."""
+        if not memory:
+            return
+        shapes = [np.shape(a) for a in memory]
+        if shapes != [(num_tasks,)] * 4 + [(1,)]:
+            raise StateError(f"famo memory has arrays of shapes {[list(s) for s in shapes]}; FAMO's is "
+                             f"(F^(t-1), logits, Adam's m, Adam's v) of {num_tasks} values each and [steps]")
+        previous, _, _, var, steps = memory
+        if not (previous - self.min_loss + SHIFT > 0).all():
+            raise StateError(f"famo memory's last report {previous.tolist()} is not above famo.min_loss = "
+                             f"{self.min_loss}")
+        if (var < 0).any():
+            raise StateError(f"famo memory's Adam second moment {var.tolist()} has a negative entry (it is a mean "
+                             "of squares)")
+        if not (steps[0] >= 0 and float(steps[0]).is_integer()):
+            raise StateError(f"famo memory's Adam step count {steps.tolist()} is not a whole number >= 0")
 
     def _d(self, report: np.ndarray, round_index: int) -> np.ndarray:
         d = np.asarray(report, dtype=np.float64) - self.min_loss + SHIFT

@@ -48,11 +48,24 @@ from fedhv.algorithms.base import Federation, Replies, Request, StepResult, feda
 from fedhv.algorithms.method import BuildContext, Built, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
 from fedhv.algorithms.tuning import Dimension, Range
+from fedhv.algorithms.weight_check import check_weights, source_text
+from fedhv.config.validation import at_most
 from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 from fedhv.rng import torch_generator
 from fedhv.weighting.randsvd import compress, compression_rank
 from fedhv.weighting.simplex import project_simplex, project_simplex_floats
+
+#: Bounds on the sketch and FindWeights settings (issue 52), each far above the paper's (B.6) and every preset's:
+#: ``extra_upload`` (1) and ``oversample`` (0.1) scale the sketch, which is never larger than the gradient matrix
+#: itself (and 1e308 overflowed its rank); ``power_iterations`` (2; Halko et al.: 1 or 2 suffice) costs two QR
+#: factorisations per client sketch each (``10**19`` ran no round in 150 s); FindWeights' ``weight_lr`` (1e-3)
+#: acts on the normalised Gramian, where 100 already jumps between vertices, and ``weight_steps`` (1000) cost
+#: about 2 ms a thousand at m = 2 (a million took over 10 s a round on a loaded 2-core machine).
+MAX_SKETCH_FACTOR = 100.0
+MAX_POWER_ITERATIONS = 100
+MAX_WEIGHT_LR = 100.0
+MAX_WEIGHT_STEPS = 100_000
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,13 @@ class FedCMOOSketch:
         if self.oversample < 0 or self.power_iterations < 0:
             raise ConfigError(f"{k}.oversample = {self.oversample} and {k}.power_iterations = "
                               f"{self.power_iterations} must be >= 0")
+        at_most(f"{k}.extra_upload", self.extra_upload, MAX_SKETCH_FACTOR,
+                "the upload is about extra_upload x d values, 100 already beyond every m <= 100 tasks' uncompressed "
+                "m x d; e.g. 1 (the paper's)")
+        at_most(f"{k}.oversample", self.oversample, MAX_SKETCH_FACTOR,
+                "the sketch is at most the matrix's size anyway; e.g. 0.1 (the paper's)")
+        at_most(f"{k}.power_iterations", self.power_iterations, MAX_POWER_ITERATIONS,
+                "each costs two QR factorisations of every client's sketch per round; e.g. 2 (the paper's)")
 
 
 @dataclass(frozen=True)
@@ -109,9 +129,14 @@ class FedCMOOConfig(FedCMOOSketch):
         """Refuse values the estimator or FindWeights cannot use (one line naming the keys)."""
         super().check()
         positive("fedcmoo.weight_lr", self.weight_lr)
+        at_most("fedcmoo.weight_lr", self.weight_lr, MAX_WEIGHT_LR,
+                "on the normalised Gramian a step of 100 already jumps between the simplex's vertices; e.g. 1e-3 "
+                "(the paper's)")
         if self.weight_steps < 1 or not 0 <= self.weight_momentum < 1:
             raise ConfigError(f"fedcmoo.weight_steps = {self.weight_steps} must be >= 1 and fedcmoo.weight_momentum "
                               f"= {self.weight_momentum} in [0, 1)")
+        at_most("fedcmoo.weight_steps", self.weight_steps, MAX_WEIGHT_STEPS,
+                "100 times the paper's, about 0.2 s of server time a round at m = 2; e.g. 1000 (the paper's)")
 
 
 @dataclass(frozen=True)
@@ -276,7 +301,9 @@ class FedCMOOAlgorithm:
         The hook a method on FedCMOO's exchange overrides (:mod:`fedhv.algorithms.gramian`).
         """
         c = self.config
-        w = find_weights(gram, state.weights, c.weight_lr, c.weight_steps, c.weight_momentum)
+        w = check_weights(find_weights(gram, state.weights, c.weight_lr, c.weight_steps, c.weight_momentum),
+                          name=self.name, round_index=state.round, kind="simplex",
+                          source=lambda: source_text("the Gramian", gram), section=c, num_tasks=state.num_tasks)
         return w, replace(state, weights=w, round=state.round + 1), {"weights": w.tolist(), "gram": gram.tolist()}
 
 

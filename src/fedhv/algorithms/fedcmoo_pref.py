@@ -49,6 +49,9 @@ from fedhv.algorithms.gramian import FEDCMOO_EXCHANGE, GRAMIAN_EXTRA, GramianInp
 from fedhv.algorithms.tuning import Dimension, Range
 from fedhv.errors import ConfigError
 
+#: EPO's preference entries lie in ``[1 / MAX_PREFERENCE, MAX_PREFERENCE]`` (issue 52; see ``check_rule``).
+MAX_PREFERENCE = 1e6
+
 
 def epo_adjustments(losses: np.ndarray, preference: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
     """``(rl, mu, a)`` of EPO for losses ``l > 0`` and preference ``r > 0``."""
@@ -167,6 +170,12 @@ class EPORule:
                                   "numbers, one per task")
         elif not self.preference or not all(isinstance(v, (int, float)) and v > 0 for v in self.preference):
             raise ConfigError(f"{key}.preference = {self.preference!r} must be positive numbers, one per task")
+        elif not all(1 / MAX_PREFERENCE <= v <= MAX_PREFERENCE for v in self.preference):
+            # EPO multiplies the losses by r and reads r_i l_i on the loss scale: [1e308, 1e308] overflowed the
+            # products; a front sweep's preferences (m (1/u) / sum(1/u)) lie within [1/H, m] for H divisions
+            raise ConfigError(f"{key}.preference = {list(self.preference)} is outside fedhv's range "
+                              f"[{1 / MAX_PREFERENCE:g}, {MAX_PREFERENCE:g}] (EPO balances r_i l_i); scale it, e.g. "
+                              "[1.0, 2.0] or \"uniform\"")
         if not self.eps >= 0 or not 0 <= self.mix <= 1:
             raise ConfigError(f"{key}.eps = {self.eps} must be >= 0 and {key}.mix = {self.mix} in [0, 1] "
                               "(the authors': 1e-2, 0.2)")

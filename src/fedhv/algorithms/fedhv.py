@@ -31,9 +31,14 @@ from fedhv.algorithms.loss_only import check_report_batches
 from fedhv.algorithms.method import BuildContext, Built, Calibration, Method, choice, positive, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields
 from fedhv.algorithms.tuning import Dimension, Range
+from fedhv.algorithms.weight_check import check_weights, source_text
 from fedhv.config.schema import CalibrationConfig
+from fedhv.config.validation import MAX_LOSS_LEVEL, MIN_FLOOR, at_least
 from fedhv.errors import ConfigError
 from fedhv.weighting import hv_weights
+
+#: A value that works, for each list key's message.
+_EXAMPLES = {"reference": "[2.45, 2.45]", "slack_scale": "\"calibrated-range\"", "direction": "[0.25, 0.75]"}
 
 if TYPE_CHECKING:
     from fedhv.config.schema import RunConfig
@@ -75,6 +80,19 @@ class FedHVConfig:
     def check(self) -> None:
         """Refuse values the weight map cannot use (one line naming ``fedhv.<key>``, the value and the fix)."""
         positive("fedhv.rho_clip", self.rho_clip, "the slack floor must be positive, e.g. 1e-6")
+        at_least("fedhv.rho_clip", self.rho_clip, MIN_FLOOR, "1 / rho_clip must stay finite; e.g. 1e-6 (the paper's)")
+        for key in ("reference", "slack_scale", "direction"):
+            values = getattr(self, key)
+            if not isinstance(values, str):
+                for i, v in enumerate(values):
+                    if key == "slack_scale" and not (isinstance(v, (int, float)) and v > 0):
+                        raise ConfigError(f"fedhv.slack_scale[{i}] = {v} must be > 0 (a task's loss scale); e.g. "
+                                          "[1.0, 0.5] or \"calibrated-range\"")
+                    if isinstance(v, (int, float)) and not abs(v) <= MAX_LOSS_LEVEL or (
+                            key != "reference" and isinstance(v, (int, float)) and 0 < v < 1 / MAX_LOSS_LEVEL):
+                        raise ConfigError(f"fedhv.{key}[{i}] = {v} is outside fedhv's range [{1 / MAX_LOSS_LEVEL:g}, "
+                                          f"{MAX_LOSS_LEVEL:g}] (a loss level or its scale: the weights' sums would "
+                                          f"overflow); give values of the losses' scale, e.g. {_EXAMPLES[key]}")
         check_report_batches("fedhv.report_batches", self.report_batches)
         if isinstance(self.reference, str):
             choice("fedhv.reference", self.reference, ("calibrate", "paper"))
@@ -174,6 +192,8 @@ class FedHVAlgorithm:
         new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global, replies.weights)
         report = replies.reports.double().mean(0).cpu().numpy()
         hv = hv_weights(report, self.reference, self.rho_clip, self.slack_scale)
+        check_weights(hv.weights, name=self.name, round_index=getattr(federation, "round_idx", None), kind="simplex",
+                      source=lambda: self._source(report), num_tasks=len(self.reference))
         log = {
             "weights": state.weights.tolist(),
             "report": report.tolist(),
@@ -182,6 +202,13 @@ class FedHVAlgorithm:
             "next_weights": hv.weights.tolist(),
         }
         return StepResult(new_theta, replace(state, weights=hv.weights, last_report=report), log)
+
+    def _source(self, report: np.ndarray) -> str:
+        """What the weight map read, for a failed weight check's message."""
+        scale = "" if self.slack_scale is None else f" with {source_text('fedhv.slack_scale', self.slack_scale)}"
+        return (f"{source_text('the averaged report', report)}, {source_text('the reference r =', self.reference)} "
+                f"(fedhv.reference, or calibration.margin over a calibration) and fedhv.rho_clip = {self.rho_clip:g}"
+                f"{scale}")
 
 
 def check_direction(key: str, direction: str | Sequence[float]) -> None:

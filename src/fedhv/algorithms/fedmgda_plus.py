@@ -112,6 +112,10 @@ class FedMGDAPlusRule:
         if not self.epsilon >= 0 or not self.reg_eps >= 0:
             raise ConfigError(f"{key}.epsilon = {self.epsilon} and {key}.reg_eps = {self.reg_eps} must be >= 0 "
                               "(FLGo's epsilon: 0.1)")
+        # the normalised Gramian has a unit diagonal: a regularisation of 1 already outweighs it (1e308 gave NaN)
+        if self.reg_eps > 1.0:
+            raise ConfigError(f"{key}.reg_eps = {self.reg_eps} is over fedhv's bound of 1 (it regularises a Gramian "
+                              "of unit diagonal); e.g. 1e-9 (the default)")
 
 
 gramian_method(FSMGDA_EXCHANGE, FedMGDAPlusRule, name="fedmgda-plus", class_name="FedMGDAPlus", label="FedMGDA+",

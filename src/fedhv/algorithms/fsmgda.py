@@ -30,6 +30,8 @@ import torch
 from fedhv.algorithms.base import Federation, Request, StepResult, mean_update, one_hot_rows
 from fedhv.algorithms.method import BuildContext, Built, Method, register
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
+from fedhv.algorithms.weight_check import check_weights, source_text
+from fedhv.config.validation import at_most
 from fedhv.errors import ConfigError
 from fedhv.models.params import TaskSlices
 from fedhv.weighting import min_norm
@@ -80,6 +82,9 @@ class FSMGDAConfig(FSMGDAExchange):
         """Refuse solver limits that cannot converge (one line naming the keys)."""
         if self.max_iter < 1 or not self.tol > 0:
             raise ConfigError(f"fsmgda.max_iter = {self.max_iter} must be >= 1 and fsmgda.tol = {self.tol} > 0")
+        # Wolfe's algorithm ends in finitely many corrals (a few per task); a million iterations are far beyond
+        # any m this runs, and bound the solver's time whatever the Gramian.
+        at_most("fsmgda.max_iter", self.max_iter, 1_000_000, "e.g. 1000 (the reference code's)")
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,8 @@ class FSMGDAAlgorithm:
         """
         c = self.config
         sol = min_norm(gram, c.max_iter, c.tol, c.reference_clip)
+        check_weights(sol.weights, name=self.name, round_index=None, kind="simplex",
+                      source=lambda: source_text("the Gramian", gram), section=c, num_tasks=state.num_tasks)
         return sol.weights, FSMGDAState(state.num_tasks, sol.weights), {"weights": sol.weights.tolist(),
                                                                         "min_norm_sq": sol.norm_sq}
 

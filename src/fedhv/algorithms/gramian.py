@@ -50,7 +50,8 @@ from fedhv.algorithms.base import Replies, Request
 from fedhv.algorithms.fedcmoo import FedCMOOAlgorithm, FedCMOOSketch, FedCMOOState
 from fedhv.algorithms.fsmgda import FSMGDAAlgorithm, FSMGDAExchange
 from fedhv.algorithms.method import BuildContext, Built, Method, register
-from fedhv.errors import ConfigError
+from fedhv.algorithms.weight_check import WeightRuleError, check_weights, describe, source_text
+from fedhv.errors import ConfigError, FedHVError
 
 #: What to install for the aggregators that run through torchjd (and FedMGDA+'s / EPO's solvers).
 GRAMIAN_EXTRA = "pip install 'fedhv[gramian]'"
@@ -104,12 +105,27 @@ class GramianState(FedCMOOState):
     on_simplex: ClassVar[bool] = False
 
 
+def _source(gram: np.ndarray, losses: np.ndarray | None) -> str:
+    text = source_text("the Gramian", gram)
+    return text if losses is None else f"{text} and {source_text('the averaged losses', losses)}"
+
+
 def _rule_weights(rule: Any, gram: np.ndarray, state: GramianState, seed: int,
-                  losses: np.ndarray | None = None) -> tuple[np.ndarray, GramianState, dict[str, Any]]:
-    w = np.asarray(rule.weights(GramianInputs(gram, state.weights, state.round, seed, losses)), dtype=np.float64)
-    if w.shape != (state.num_tasks,) or not np.isfinite(w).all():
-        raise FloatingPointError(f"{type(rule).__name__} gave weights {w.tolist()} for {state.num_tasks} tasks "
-                                 f"from the Gramian {gram.tolist()}")
+                  losses: np.ndarray | None = None, name: str | None = None,
+                  ) -> tuple[np.ndarray, GramianState, dict[str, Any]]:
+    """The rule's weights, finite and one per task, else a one-line
+    :class:`~fedhv.algorithms.weight_check.WeightRuleError` naming the method's settings (a solver that fails on
+    them, e.g. ``fsmgda-cagrad.c = 1e308``, as well)."""
+    key = str(name or getattr(rule, "key", type(rule).__name__))
+    try:
+        w = rule.weights(GramianInputs(gram, state.weights, state.round, seed, losses))
+    except (FedHVError, ImportError):
+        raise
+    except Exception as exc:  # a solver's own error (quadprog's ValueError, cvxpy's SolverError, ...) on these inputs
+        reason = f"solver failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        raise WeightRuleError(describe(key, state.round, reason, _source(gram, losses), rule)) from exc
+    w = check_weights(w, name=key, round_index=state.round, kind="finite", source=lambda: _source(gram, losses),
+                      section=rule, num_tasks=state.num_tasks)
     log: dict[str, Any] = {"weights": w.tolist(), "weight_sum": float(w.sum()), "gram": gram.tolist()}
     if losses is not None:
         log["losses"] = losses.tolist()
@@ -128,7 +144,7 @@ class FSMGDAGramian(FSMGDAAlgorithm):
 
     def weights(self, gram: np.ndarray, state: Any) -> tuple[np.ndarray, Any, dict[str, Any]]:
         """The rule's weights of the averaged task updates' Gramian."""
-        return _rule_weights(self.config, gram, state, self.seed)
+        return _rule_weights(self.config, gram, state, self.seed, name=self.name)
 
 
 @dataclass(frozen=True)
@@ -150,7 +166,7 @@ class FedCMOOGramian(FedCMOOAlgorithm):
         if self.config.needs_losses:
             assert stage1.reports is not None
             losses = stage1.reports.double().mean(0).cpu().numpy()
-        return _rule_weights(self.config, gram, state, self.seed, losses)
+        return _rule_weights(self.config, gram, state, self.seed, losses, self.name)
 
 
 @dataclass(frozen=True)

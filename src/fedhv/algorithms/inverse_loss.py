@@ -16,8 +16,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, normalized, uniform
+from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, memoryless, normalized, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
+from fedhv.config.validation import MIN_FLOOR, at_least
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class InverseLossConfig:
     def check(self) -> None:
         """Refuse a non-positive floor or a bad report budget."""
         positive("inverse-loss.rho", self.rho, "the floor must be positive, e.g. 1e-6")
+        at_least("inverse-loss.rho", self.rho, MIN_FLOOR, "1 / rho must stay finite; e.g. 1e-6 (FedHV's floor)")
         check_report_batches("inverse-loss.report_batches", self.report_batches)
 
 
@@ -46,6 +48,7 @@ class InverseLossRule:
     """``w ∝ 1 / max(F, rho)``."""
 
     rho: float
+    check_memory = memoryless
 
     def first(self, num_tasks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """``1/m``."""

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, normalized, uniform
+from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, memoryless, normalized, uniform
 from fedhv.algorithms.method import BuildContext, register
 from fedhv.errors import ConfigError
 
@@ -50,6 +50,7 @@ class FixedWeights:
     """The rule of linear scalarisation: the same weights in every round."""
 
     weights: np.ndarray
+    check_memory = memoryless
 
     def first(self, num_tasks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """The given weights."""

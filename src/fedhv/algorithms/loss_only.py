@@ -38,6 +38,8 @@ import torch
 from fedhv.algorithms.base import Federation, Request, StepDraw, StepResult, fedavg_step
 from fedhv.algorithms.method import BuildContext, Built, Method
 from fedhv.algorithms.plain import StateError, array_from_plain, array_to_plain, fields, int_from_plain
+from fedhv.algorithms.weight_check import check_weights, source_text
+from fedhv.config.validation import MAX_REPORT_SAMPLES, at_most
 from fedhv.errors import ConfigError
 
 
@@ -52,15 +54,33 @@ class WeightRule(Protocol):
         """``(w^{t+1}, memory)`` from ``F^t`` (float64 ``[m]``) and the memory after round ``t - 1``."""
 
 
+def memoryless(rule: Any, memory: tuple[np.ndarray, ...], num_tasks: int) -> None:
+    """``check_memory`` of a rule that remembers nothing (``check_memory = memoryless`` in its class): a
+    resumed memory must be empty."""
+    if memory:
+        raise StateError(f"{type(rule).__name__} keeps no memory, but the state holds {len(memory)} array(s)")
+
+
 def uniform(num_tasks: int) -> np.ndarray:
     """``1/m`` in every entry (float64)."""
     return np.full(num_tasks, 1.0 / num_tasks)
 
 
 def normalized(scores: np.ndarray) -> np.ndarray:
-    """``scores / sum(scores)`` for finite, non-negative scores with a positive sum (float64)."""
+    """``scores / sum(scores)`` for finite, non-negative scores with a positive sum (float64).
+
+    Scores whose sum overflows or is subnormal (``[1e308, 1e308]``, ``[1e-320, 1e-320]``) are first divided
+    by their largest, so the weights stay exact (they were zeros or NaN); any other scores as they are.
+    """
     scores = np.asarray(scores, dtype=np.float64)
-    return scores / scores.sum()
+    with np.errstate(over="ignore"):  # an overflowing sum is rescaled below
+        total = scores.sum()
+    if not np.isfinite(total) or 0 < total < np.finfo(np.float64).tiny:
+        peak = scores.max()
+        if np.isfinite(peak) and peak > 0:
+            scores = scores / peak
+            total = scores.sum()
+    return scores / total
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -148,6 +168,9 @@ class LossOnlyAlgorithm:
         The clients' report budget (``"all"``: each client's whole local dataset, as FedHV's default).
     state_class : type
         :class:`LossOnlyState` (weights on the simplex) or :class:`ScaledLossOnlyState`.
+    section : dataclass, optional
+        The method's section: named with its defaults when the rule's weights fail their check
+        (:mod:`fedhv.algorithms.weight_check`).
     """
 
     rule: Any
@@ -155,11 +178,26 @@ class LossOnlyAlgorithm:
     name: str
     report_batches: int | str = "all"
     state_class: type[LossOnlyState] = LossOnlyState
+    section: Any = None
+
+    def _checked(self, weights: Any, round_index: int, source: Any, num_tasks: int) -> np.ndarray:
+        """The rule's weights if finite and on the simplex (:class:`ScaledLossOnlyState`: non-negative with a
+        positive sum), else a one-line :class:`~fedhv.algorithms.weight_check.WeightRuleError`."""
+        return check_weights(weights, name=self.name, round_index=round_index,
+                             kind="simplex" if self.state_class.on_simplex else "scaled", source=source,
+                             section=self.section if self.section is not None else self.rule, num_tasks=num_tasks)
 
     def init_state(self, num_tasks: int) -> LossOnlyState:
         """``w^0`` and the rule's initial memory."""
         weights, memory = self.rule.first(num_tasks)
-        return self.state_class(np.asarray(weights, dtype=np.float64), 0, tuple(memory))
+        return self.state_class(self._checked(weights, 0, "the rule's first weights", num_tasks), 0, tuple(memory))
+
+    def check_state(self, state: LossOnlyState) -> None:
+        """Refuse a (resumed) state whose memory the rule cannot read: the rule's ``check_memory(memory, m)``
+        when it has one (:class:`~fedhv.algorithms.plain.StateError` naming the field)."""
+        check = getattr(self.rule, "check_memory", None)
+        if check is not None:
+            check(state.memory, state.num_tasks)
 
     def round(self, state: LossOnlyState, theta: torch.Tensor, federation: Federation) -> StepResult:
         """One stage: model + ``w`` down, update + report up; then ``w^{t+1}`` from the averaged report.
@@ -175,7 +213,8 @@ class LossOnlyAlgorithm:
         new_theta = fedavg_step(theta, replies.deltas[:, 0], self.lr_global, replies.weights)
         report = replies.reports.double().mean(0).cpu().numpy()
         weights, memory = self.rule.next(report, state.memory, state.rounds)
-        weights = np.asarray(weights, dtype=np.float64)
+        weights = self._checked(weights, state.rounds, lambda: source_text("the averaged report", report),
+                               len(report))
         log: dict[str, Any] = {"weights": state.weights.tolist(), "weight_sum": float(state.weights.sum()),
                                "report": report.tolist(), "next_weights": weights.tolist()}
         if draw is not None:
@@ -191,6 +230,8 @@ def check_report_batches(key: str, value: int | str) -> None:
             raise ConfigError(f"{key} = {value!r}: use \"all\" or a positive integer")
     elif value < 1:
         raise ConfigError(f"{key} = {value} must be >= 1 or \"all\"")
+    else:  # the report plan is value x train.batch_size indices a client (validation.report_plan: the product)
+        at_most(key, value, MAX_REPORT_SAMPLES, "lower it, e.g. 5, or use \"all\" (each client's own data)")
 
 
 @dataclass(frozen=True)
@@ -207,4 +248,4 @@ class LossOnlyMethod(Method):
     def build(self, context: BuildContext) -> Built:
         """:class:`LossOnlyAlgorithm` around :meth:`rule`."""
         return Built(LossOnlyAlgorithm(self.rule(context), self.lr_global, self.name,
-                                       self.options().report_batches, self.state))
+                                       self.options().report_batches, self.state, self.options()))

@@ -28,11 +28,15 @@ from typing import ClassVar
 import numpy as np
 
 from fedhv.algorithms.base import StepDraw
-from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, softmax, uniform
+from fedhv.algorithms.loss_only import LossOnlyMethod, check_report_batches, memoryless, softmax, uniform
 from fedhv.algorithms.method import BuildContext, positive, register
 from fedhv.algorithms.tuning import Dimension, Range
-from fedhv.config.validation import choice
+from fedhv.config.validation import at_most, choice
 from fedhv.rng import numpy_rng
+
+#: The largest ``rlw.std`` (issue 52): the authors' is 1, ``fedhv tune``'s largest 4; at 1000 the softmax of the
+#: logits is one task's alone in nearly every draw, and ``1e308`` overflowed the logits to NaN weights.
+MAX_STD = 1000.0
 
 #: The values of ``rlw.draw``: a new draw at every local step on the client (the authors'), or one per round.
 DRAWS = ("step", "round")
@@ -59,6 +63,8 @@ class RLWConfig:
     def check(self) -> None:
         """Refuse a non-positive ``std``, an unknown ``draw`` or a bad report budget."""
         positive("rlw.std", self.std, "e.g. 1.0 (the authors' standard normal logits)")
+        at_most("rlw.std", self.std, MAX_STD, "at 1000 every draw is already one task's alone; e.g. 1.0 (the "
+                "authors' standard normal logits)")
         choice("rlw.draw", self.draw, DRAWS)
         check_report_batches("rlw.report_batches", self.report_batches)
 
@@ -69,6 +75,7 @@ class RandomWeights:
 
     seed: int
     std: float = 1.0
+    check_memory = memoryless
 
     def draw(self, num_tasks: int, round_index: int) -> np.ndarray:
         """The weights of round ``round_index`` (0-based)."""
@@ -92,6 +99,7 @@ class StepRandomWeights:
     """
 
     std: float = 1.0
+    check_memory = memoryless
 
     @property
     def client_draw(self) -> StepDraw:

@@ -39,13 +39,25 @@ from typing import ClassVar
 
 import numpy as np
 
-from fedhv.algorithms.loss_only import LossOnlyMethod, ScaledLossOnlyState, check_report_batches, softmax, uniform
+from fedhv.algorithms.loss_only import (
+    LossOnlyMethod,
+    ScaledLossOnlyState,
+    check_report_batches,
+    memoryless,
+    softmax,
+    uniform,
+)
 from fedhv.algorithms.method import BuildContext, Built, Calibration, positive, register
 from fedhv.algorithms.tuning import Dimension, Range
+from fedhv.config.validation import at_least
 from fedhv.errors import ConfigError, FedHVError
 
 #: The authors' shift inside the logarithm.
 EPS = 1e-20
+#: The smallest ``stch.mu`` (issue 52): the authors' smallest is 0.01 (their Pareto-set script), ``fedhv tune``'s
+#: 0.05; at 1e-3 the softmax of log-ratios is the max to within e^-1000 per unit of log-ratio, and ``1e-320``
+#: overflowed the log-ratios to NaN weights.
+MIN_MU = 1e-3
 
 
 class STCHError(FedHVError):
@@ -70,6 +82,8 @@ class STCHConfig:
     def check(self) -> None:
         """Refuse a non-positive ``mu`` or a bad report budget."""
         positive("stch.mu", self.mu, "e.g. 1.0 (the authors'; smaller is closer to Tchebycheff)")
+        at_least("stch.mu", self.mu, MIN_MU, "at 1e-3 the smooth max is already the max (Tchebycheff); e.g. 1.0 "
+                 "(the authors')")
         check_report_batches("stch.report_batches", self.report_batches)
 
 
@@ -79,6 +93,7 @@ class STCHRule:
 
     nadir: np.ndarray
     mu: float = 1.0
+    check_memory = memoryless
 
     def first(self, num_tasks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """``1/m``."""

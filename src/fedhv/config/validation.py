@@ -70,11 +70,51 @@ MAX_PROBE_SAMPLES = 1 << 20
 MAX_BATCH_SIZE = 1 << 20
 MAX_CLIENTS = 1_000_000
 MAX_PLAN_SAMPLES = 1 << 24
+#: ``partition.clients x partition.samples_per_client``: the partition's index table (8 bytes a sample, built
+#: before the run starts): 2^26 samples are 512 MiB, 280 times the cross-device preset's 10,000 x 24 and room
+#: for 100,000 clients of 670 samples; ``40000 x 40000`` was a 12.8 GB plan.
+MAX_PARTITION_SAMPLES = 1 << 26
+#: A method's ``report_batches``: the report plan (``report_batches x train.batch_size`` indices per client and
+#: round, each evaluated), bounded like the batch plan; ``"all"`` (each client's own data) is never above it.
+MAX_REPORT_SAMPLES = MAX_PLAN_SAMPLES
+#: A loss level a setting names (``fedhv.reference``, ``calibration.margin``, ``fedhv grid --margins``,
+#: ``famo.min_loss``): no task's loss comes near 1e100, and below it ``1 / (r - F)`` and the weights' sums stay
+#: normal floats (``--margins 1e308`` overflowed FedHV's reference to inf and its weights to NaN).
+MAX_LOSS_LEVEL = 1e100
+#: The smallest floor of a ``1 / loss`` weight (``fedhv.rho_clip``, ``inverse-loss.rho``): ``1 / 1e-300`` and a
+#: sum of many such terms stay finite (``1 / 1e-320`` is inf, and the weights NaN); the paper's floor is 1e-6.
+MIN_FLOOR = 1e-300
 
 
 def _at_most(name: str, value: int, bound: int, fix: str) -> None:
     if value > bound:
         raise ConfigError(f"{name} = {value} is over fedhv's bound of {bound:,}; {fix}")
+
+
+def at_most(name: str, value: float, bound: float, fix: str) -> None:
+    """Refuse ``value`` of ``name`` above ``bound`` (one line naming both, the bound and ``fix``)."""
+    if value > bound:
+        shown = f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
+        raise ConfigError(f"{name} = {value} is over fedhv's bound of {shown}; {fix}")
+
+
+def at_least(name: str, value: float, bound: float, fix: str) -> None:
+    """Refuse ``value`` of ``name`` below ``bound`` (one line naming both, the bound and ``fix``)."""
+    if value < bound:
+        raise ConfigError(f"{name} = {value} is under fedhv's bound of {bound:g}; {fix}")
+
+
+def report_plan(cfg: RunConfig) -> None:
+    """Refuse a method's ``report_batches x train.batch_size`` over :data:`MAX_REPORT_SAMPLES` (the report plan
+    of the run's method and of every section the run reads, FedHV's calibration's included)."""
+    names = dict.fromkeys([cfg.method, *cfg.sections])
+    for name in names:
+        budget = getattr(cfg.section(name), "report_batches", "all")
+        if isinstance(budget, int) and budget * cfg.train.batch_size > MAX_REPORT_SAMPLES:
+            raise ConfigError(
+                f"{name}.report_batches x train.batch_size = {budget} x {cfg.train.batch_size} is over fedhv's bound "
+                f"of {MAX_REPORT_SAMPLES:,} samples per client and round (the report plan); lower one of them, e.g. "
+                f"{name}.report_batches = \"all\" (each client's own data)")
 
 
 def _finite_floats(value: object, where: str) -> None:
@@ -133,6 +173,11 @@ def validate_partition_keys(cfg: RunConfig) -> None:
     _at_most("partition.clients", p.clients, MAX_CLIENTS, "lower it (cross-device runs reach 100,000 clients)")
     if p.samples_per_client < 1:
         raise ConfigError(f"partition.samples_per_client = {p.samples_per_client} must be >= 1")
+    if p.by == "dirichlet" and p.clients * p.samples_per_client > MAX_PARTITION_SAMPLES:
+        raise ConfigError(
+            f"partition.clients x partition.samples_per_client = {p.clients} x {p.samples_per_client} is over fedhv's "
+            f"bound of {MAX_PARTITION_SAMPLES:,} samples in the partition; lower one of them, e.g. "
+            f"partition.samples_per_client = {max(1, MAX_PARTITION_SAMPLES // p.clients)}")
     choice("partition.sizes", p.sizes, SIZES)
     if not p.size_sigma >= 0:
         raise ConfigError(f"partition.size_sigma = {p.size_sigma} must be >= 0 (0 = every size equals "
@@ -253,11 +298,14 @@ def validate(cfg: RunConfig, import_code: bool = True) -> None:
             "the test set; set eval.final = true or eval.test_period between 1 and rounds"
         )
     _sections(cfg)
+    report_plan(cfg)
     c = cfg.calibration
     if c.rounds < 1:
         raise ConfigError(f"calibration.rounds = {c.rounds} must be >= 1")
     if c.margin < 0:
         raise ConfigError(f"calibration.margin = {c.margin} must be >= 0 (paper: 0.15)")
+    at_most("calibration.margin", c.margin, MAX_LOSS_LEVEL, "it is a loss level above the calibration's largest "
+            "report; e.g. 0.15 (the paper's)")
     if c.partition_alpha is not None:
         positive("calibration.partition_alpha", c.partition_alpha)
     if c.partition_strata is not None:

@@ -356,7 +356,8 @@ class FederatedDataset:
                 partition: str | Sequence[Sequence[int]] = "dirichlet", clients: int | None = None,
                 samples_per_client: int | None = None, alpha: float = 0.5, seed: int = 10,
                 strata: TensorLike | None = None, ids: str | None = None, cache: bool = True,
-                validation: float | Any | None = None, progress: bool = True) -> FederatedDataset:
+                validation: float | Any | None = None, progress: bool = True,
+                max_bytes: int | None = None) -> FederatedDataset:
         """A Hugging Face ``datasets.Dataset`` split among clients (``pip install 'fedhv[hf]'``).
 
         Parameters
@@ -384,11 +385,31 @@ class FederatedDataset:
             A fraction of ``dataset``'s rows carved off before the partition (:meth:`from_tensors`;
             not with a ``partitioner``, which places every row), or validation rows with ``dataset``'s
             columns.
+        max_bytes : int, optional
+            The memory the tensors may take (default: half of the available memory), as in
+            :meth:`from_datasets`: estimated from each split's first row before any image is decoded; a
+            larger estimate raises :class:`DatasetTooLarge`.
         """
-        from fedhv.data.hf import check_dataset, input_tensor, partition_rows, resolve_tasks, target_tensors
+        from fedhv.data.hf import (
+            check_dataset,
+            estimate_bytes,
+            input_tensor,
+            partition_rows,
+            resolve_tasks,
+            target_tensors,
+        )
+        from fedhv.data.materialize import check_budget
 
         check_dataset(dataset)
         ts, columns = resolve_tasks(dataset, tasks, targets)
+        splits = [dataset]
+        for split, what in ((test, "test"), (validation, "validation")):
+            if split is not None and not isinstance(split, numbers.Real):
+                splits.append(check_dataset(split, what))
+        estimates = [estimate_bytes(s, features, len(ts)) for s in splits]
+        check_budget(sum(e[0] for e in estimates), max_bytes, " + ".join(e[1] for e in estimates),
+                     "pass fewer rows (dataset.select(range(n))), smaller images (dataset.map with a resize), or a "
+                     "larger max_bytes=")
         x, source = input_tensor(dataset, features, cache, progress)
         y = target_tensors(dataset, ts, columns)
         test_t = None

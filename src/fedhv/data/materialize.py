@@ -45,6 +45,20 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def check_budget(need: int, max_bytes: int | None, what: str, fix: str) -> None:
+    """Refuse ``need`` bytes over ``max_bytes`` (``None``: half of the available memory) before anything is
+    allocated: a one-line :class:`DatasetTooLarge` naming both, ``what`` would take them and ``fix``."""
+    limit = max_bytes
+    if limit is None:
+        avail = available_bytes()
+        limit = None if avail is None else avail // 2
+    if limit is not None and need > limit:
+        raise DatasetTooLarge(
+            f"max_bytes = {limit} ({_gib(limit)}{', half of the available memory' if max_bytes is None else ''}) "
+            f"is less than the ~{need} bytes ({_gib(need)}) that {what} would take as tensors; {fix}"
+        )
+
+
 def _check_dataset(ds: Any, what: str) -> int:
     if isinstance(ds, torch.utils.data.IterableDataset) or not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
         raise ConfigError(f"{what} has type {type(ds).__name__}, not a map-style dataset; pass a "
@@ -149,18 +163,10 @@ def materialize(train: Any, test: Any | None, width: int, max_bytes: int | None,
     sizes = {what: _check_dataset(ds, what) for what, ds in splits}
     firsts = {what: _item(ds, 0, what) for what, ds in splits}
     need = sum(sizes[w] * (firsts[w][0].numel() * firsts[w][0].element_size() + 8 * width) for w, _ in splits)
-    limit = max_bytes
-    if limit is None:
-        avail = available_bytes()
-        limit = None if avail is None else avail // 2
-    if limit is not None and need > limit:
-        x0 = firsts["train"][0]
-        counts = " + ".join(f"{sizes[w]} {w}" for w, _ in splits)
-        raise DatasetTooLarge(
-            f"max_bytes = {limit} ({_gib(limit)}{', half of the available memory' if max_bytes is None else ''}) "
-            f"is less than the ~{need} bytes ({_gib(need)}) that {counts} items of x {tuple(x0.shape)} {x0.dtype} "
-            "would take as tensors; pass a torch.utils.data.Subset, smaller inputs, or a larger max_bytes="
-        )
+    x0 = firsts["train"][0]
+    counts = " + ".join(f"{sizes[w]} {w}" for w, _ in splits)
+    check_budget(need, max_bytes, f"{counts} items of x {tuple(x0.shape)} {x0.dtype}",
+                 "pass a torch.utils.data.Subset, smaller inputs, or a larger max_bytes=")
     out: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray | None]] = {
         what: _read(ds, sizes[what], firsts[what], width, what, progress) for what, ds in splits
     }

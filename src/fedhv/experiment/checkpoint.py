@@ -385,8 +385,13 @@ def _check_fields(p: dict[str, Any], path: Path) -> None:
         raise bad("config_sha256", p["config_sha256"], "a hex string")
 
 
-def check_checkpoint(ckpt: Checkpoint, path: Path, rounds: int, num_params: int, initial_state: Any) -> None:
+def check_checkpoint(ckpt: Checkpoint, path: Path, rounds: int, num_params: int, initial_state: Any,
+                     check_state: Any = None) -> None:
     """Reject a checkpoint that does not fit the run's configuration.
+
+    ``check_state`` (the algorithm's ``check_state``, when it has one) checks the state against the run's
+    method itself, e.g. a loss-only rule's memory (shapes, signs); its :class:`StateError` becomes a
+    :class:`ResumeError`.
 
     Parameters
     ----------
@@ -419,6 +424,11 @@ def check_checkpoint(ckpt: Checkpoint, path: Path, rounds: int, num_params: int,
     if counter is not None and counter > ckpt.round:
         raise ResumeError(f"{path}: the algorithm's round counter {counter} exceeds the checkpoint's round "
                           f"{ckpt.round}; {_DELETE}")
+    if check_state is not None:
+        try:
+            check_state(state)
+        except StateError as exc:
+            raise ResumeError(f"{path}: invalid algorithm state: {exc}; {_DELETE}") from None
 
 
 @dataclass(frozen=True)

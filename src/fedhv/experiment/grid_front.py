@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from fedhv.config import load_config
+from fedhv.config.validation import MAX_LOSS_LEVEL
 from fedhv.errors import ConfigError
 from fedhv.experiment.grid import CalibrationJob, Job, plan_job, setting_source
 from fedhv.registry import METHODS
 from fedhv.results.collect import FRONT_ABLATION
-from fedhv.results.fronts import das_dennis
+from fedhv.results.fronts import MAX_DIRECTIONS, das_dennis, max_divisions
 
 #: The ``ablation`` of a front run (``grid-job.json``).
 FRONT = FRONT_ABLATION
@@ -59,6 +60,10 @@ def parse_directions(spec: str, m: int) -> list[tuple[float, ...]]:
         if h < 1:
             raise ConfigError(f"--front {spec}: the lattice needs H >= 1 divisions (m = 2: H + 1 directions), e.g. "
                               "--front 4")
+        if math.comb(h + m - 1, m - 1) > MAX_DIRECTIONS:  # before a row is built (m = 2: before any data is read)
+            raise ConfigError(f"--front {h}: the lattice of {m} tasks has {math.comb(h + m - 1, m - 1):,} directions, "
+                              f"over fedhv's bound of {MAX_DIRECTIONS:,} (each is a run per method and seed); lower "
+                              f"H, e.g. --front {max_divisions(m)}")
         return [tuple(float(v) for v in row) for row in das_dennis(m, h, interior=True)]
     out: list[tuple[float, ...]] = []
     for part in text.split(";"):
@@ -91,6 +96,10 @@ def check_margins(margins: Sequence[float]) -> tuple[float, ...]:
     if bad:
         raise ConfigError(f"--margins {bad[0]}: a margin must be > 0 so that r = max F^cal + delta m u exceeds the "
                           "calibration maximum in every task; e.g. --margins 0.15,0.3")
+    huge = [d for d in margins if d > MAX_LOSS_LEVEL]
+    if huge:  # r = max F + delta m u overflowed and FedHV's weights became NaN (1e308)
+        raise ConfigError(f"--margins {huge[0]} is over fedhv's bound of {MAX_LOSS_LEVEL:g} (a loss level); "
+                          "e.g. --margins 0.15,0.3")
     return tuple(dict.fromkeys(float(d) for d in margins))
 
 
@@ -134,6 +143,8 @@ def plan_front(settings: Sequence[str], methods: Sequence[str], seeds: Sequence[
         A method that takes no direction, a bad lattice, direction or margin -- before any run.
     """
     deltas = check_margins(margins)
+    if front.strip().isdigit():  # a lattice too large for the fewest tasks (2) is refused before any data is read
+        parse_directions(front, 2)
     takes = {name: METHODS.get(name) for name in methods}
     refused = [name for name, cls in takes.items() if cls.front_overrides((0.5, 0.5), 1.0) is None]
     if refused:

@@ -321,7 +321,7 @@ def _resume(path: Path, run: RunDir, progress: bool, device: str | None = None,
                                     problem=problem, method=method)
     if ckpt is not None:  # round range, model size, state kind and task count
         check_checkpoint(ckpt, path / CHECKPOINT_FILE, cfg.rounds, get_flat(problem.model(cfg, data, cfg.seed)).numel(),
-                         setup.algorithm.init_state(data.num_tasks))
+                         setup.algorithm.init_state(data.num_tasks), getattr(setup.algorithm, "check_state", None))
     for stale in path.glob(".*.*"):  # temporary files of writes cut short by a kill
         if stale.name.startswith(tuple(f".{name}." for name in RUN_FILES)):
             stale.unlink(missing_ok=True)

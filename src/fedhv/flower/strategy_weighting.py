@@ -22,6 +22,7 @@ from fedhv.algorithms.validation import (
     count_problem,
     report_outliers,
 )
+from fedhv.algorithms.weight_check import check_weights, source_text
 from fedhv.errors import ConfigError
 from fedhv.flower.strategy_messages import (
     CALIBRATION_KEY,
@@ -309,14 +310,27 @@ class FedHVWeighting(FedAvg):
                 self._calibrated()
         elif self._rule is not None:
             weights, memory = self._rule.next(np.asarray(report, dtype=np.float64), self._memory, self._rule_rounds)
-            self.weights, self._memory = np.asarray(weights, dtype=np.float64), tuple(memory)
+            self.weights, self._memory = self._checked(weights, report), tuple(memory)
             self._rule_rounds += 1
         elif self.adaptive and self.reference is not None:
-            self.weights = hv_weights(np.asarray(report), self.reference, self.rho_clip).weights
+            self.weights = self._checked(hv_weights(np.asarray(report), self.reference, self.rho_clip).weights, report)
         log.info("fedhv: round %d (%s): report %s, task weights %s -> %s, %d replies (%d dropped)", server_round,
                  self._phase, [round(v, 4) for v in report], [round(w, 4) for w in sent],
                  [round(float(w), 4) for w in self.weights], len(valid), len(rejected))
         return arrays, metrics
+
+    def _checked(self, weights: Any, report: Sequence[float]) -> np.ndarray:
+        """The next task weights if finite and on the simplex (a scaled rule's: non-negative, a positive sum), else
+        a one-line :class:`~fedhv.algorithms.weight_check.WeightRuleError` naming the settings (issue 52)."""
+        method = self.method
+        scaled = method is not None and not getattr(method.state, "on_simplex", True)
+        return check_weights(weights, name=method.name if method is not None else "fedhv",
+                             round_index=self._rule_rounds if method is not None else None,
+                             kind="scaled" if scaled else "simplex",
+                             source=lambda: source_text("the averaged report", report) + (
+                                 "" if method is not None else f" with the reference r = {self.reference.tolist()} "
+                                 f"and rho_clip = {self.rho_clip:g}"),
+                             section=method.options() if method is not None else None, num_tasks=self.num_tasks)
 
     def _calibrated(self) -> None:
         self.reference = np.asarray(reference_from_losses(self._calibration_reports, self.margin))

@@ -18,6 +18,7 @@ The computations are moocore's (``moocore.hypervolume``, ``igd_plus``, ``epsilon
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -52,6 +53,20 @@ def nondominated(points: Any) -> np.ndarray:
     return p[np.asarray(keep, dtype=bool)]
 
 
+#: The most directions a lattice may have (issue 52): each is a training run per method, seed and margin, so 10,000
+#: is far beyond any sweep (docs/fronts.md runs 5); ``--front 100000000`` built 10^8 rows in Python until
+#: memory ran out.
+MAX_DIRECTIONS = 10_000
+
+
+def max_divisions(m: int) -> int:
+    """The largest ``h`` whose lattice of ``m`` tasks has at most :data:`MAX_DIRECTIONS` directions."""
+    h = 1
+    while math.comb(h + m, m - 1) <= MAX_DIRECTIONS:
+        h += 1
+    return h
+
+
 def das_dennis(m: int, h: int, interior: bool = False) -> np.ndarray:
     """The simplex-lattice directions ``u`` with entries ``k / h`` summing to 1 (Das and Dennis, 1998).
 
@@ -69,6 +84,11 @@ def das_dennis(m: int, h: int, interior: bool = False) -> np.ndarray:
         raise ConfigError(f"m = {m!r}: a front needs at least 2 tasks")
     if isinstance(h, bool) or not isinstance(h, int) or h < 1:
         raise ConfigError(f"h = {h!r}: the lattice needs h >= 1 divisions (m = 2: h + 1 directions)")
+    count = math.comb(h + m - 1, m - 1)
+    if count > MAX_DIRECTIONS:
+        raise ConfigError(f"h = {h} divisions of {m} tasks make {count:,} directions, over fedhv's bound of "
+                          f"{MAX_DIRECTIONS:,} (each is a run per method and seed); lower h, e.g. h = "
+                          f"{max_divisions(m)}")
     rows = []
     for bars in combinations(range(h + m - 1), m - 1):  # stars and bars
         edges = (-1, *bars, h + m - 1)

@@ -116,3 +116,65 @@ def test_grid_resources_per_run_must_be_finite(tmp_path: Path, flag: str, value:
                           capture_output=True, text=True, timeout=120, check=False)
     _one_error_line(proc, flag, bound)
     assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    (("method='dwa'", "dwa.report_batches=10000000000000000000"),
+     ("dwa.report_batches = 10000000000000000000", "bound", "\"all\"")),  # was 15.7 GB in 80 s
+    (("fedhv.report_batches=100000000",), ("fedhv.report_batches = 100000000", "bound")),  # was std::bad_alloc
+    (("method='famo'", "famo.report_batches=1000000", "train.batch_size=64"),
+     ("famo.report_batches x train.batch_size = 1000000 x 64", "report plan", "famo.report_batches = \"all\"")),
+    (("partition.clients=40000", "partition.samples_per_client=40000"),  # each bound held alone: a 12.8 GB plan
+     ("partition.clients x partition.samples_per_client = 40000 x 40000", "partition.samples_per_client = 1677")),
+    (("method='fedcmoo-upgrad'", "fedcmoo-upgrad.power_iterations=10000000000000000000"),  # no round in 150 s
+     ("fedcmoo-upgrad.power_iterations = 10000000000000000000", "bound", "e.g. 2")),
+])
+def test_report_budgets_and_products_are_bounded_before_any_data(overrides: tuple[str, ...],
+                                                                 words: tuple[str, ...]) -> None:
+    proc = _fedhv("show-config", "multimnist", *[a for o in overrides for a in ("--set", o)])
+    _one_error_line(proc, *words)
+
+
+def test_a_toml_report_budget_is_bounded(tmp_path: Path) -> None:
+    """A TOML ``[dwa] report_batches = 10**19`` passed ``show-config``."""
+    setting = tmp_path / "huge.toml"
+    setting.write_text('extends = "multimnist"\nmethod = "dwa"\n\n[dwa]\nreport_batches = 10000000000000000000\n')
+    _one_error_line(_fedhv("show-config", str(setting)), "dwa.report_batches = 10000000000000000000", "bound")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--front", "100000000"), ("--front 100000000", "100,000,001 directions", "bound of 10,000", "--front 9999")),
+    (("--front", "4", "--margins", "1e308"), ("--margins 1e+308", "bound", "--margins 0.15,0.3")),
+])
+def test_front_sweeps_are_bounded_before_any_data(tmp_path: Path, args: tuple[str, ...],
+                                                  words: tuple[str, ...]) -> None:
+    """``--front 100000000`` built every lattice row in Python (MemoryError after 18 s); ``--margins 1e308``
+    overflowed FedHV's reference (NaN weights). Both are refused while planning, before the data is read."""
+    out = tmp_path / "grid"
+    proc = _fedhv("grid", "multimnist", *args, "--out", str(out), "--workers", "1", timeout=60)
+    _one_error_line(proc, *words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("override", "words"), [
+    ("dwa.temperature=1e-320", ("dwa.temperature = 1e-320", "bound", "e.g. 2.0")),
+    ("stch.mu=1e-320", ("stch.mu = 1e-320", "bound", "e.g. 1.0")),
+    ("rlw.std=1e308", ("rlw.std = 1e+308", "bound", "e.g. 1.0")),
+    ("famo.lr=1e308", ("famo.lr = 1e+308", "bound", "e.g. 0.025")),
+    ("fsmgda-cagrad.c=1e308", ("fsmgda-cagrad.c = 1e+308", "bound", "e.g. 0.4")),
+    ("fsmgda-upgrad.reg_eps=1e308", ("fsmgda-upgrad.reg_eps = 1e+308", "bound", "e.g. 1e-4")),
+    ("fedmgda-plus.reg_eps=1e308", ("fedmgda-plus.reg_eps = 1e+308", "bound", "e.g. 1e-9")),
+    ("fedcmoo-pref.preference=[1e308, 1e308]", ("fedcmoo-pref.preference = [1e+308, 1e+308]", "range")),
+    ("fedhv.rho_clip=1e-320", ("fedhv.rho_clip = 1e-320", "bound", "e.g. 1e-6")),
+    ("calibration.margin=1e308", ("calibration.margin = 1e+308", "bound", "e.g. 0.15")),
+])
+def test_settings_that_gave_nan_weights_are_refused_naming_a_value_that_works(override: str,
+                                                                              words: tuple[str, ...]) -> None:
+    """Accepted finite settings gave NaN or all-zero weights (exit 0, or a stop blaming the learning rate) or
+    crashed a Gramian solver mid-run; each is now refused before any data, naming a value that works."""
+    method = override.split(".")[0]
+    sets = [f"method='{method}'"] if method != "calibration" else []
+    with pytest.raises(ConfigError) as info:
+        load_config("multimnist", [*sets, override])
+    message = str(info.value)
+    assert "\n" not in message and all(w in message for w in words), message

@@ -107,6 +107,33 @@ def test_bad_input_is_one_line_naming_the_column_or_the_fix(call: object, names:
     assert names in str(err.value) and "\n" not in str(err.value)
 
 
+def test_the_memory_is_estimated_before_any_image_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52: 40 compressible 2000 x 2000 images (a few KB each) took 5.5 GB as tensors; ``from_hf`` now
+    estimates them from the first row, as ``from_datasets`` does, and refuses with ``DatasetTooLarge``."""
+    import io
+
+    from fedhv import DatasetTooLarge
+    from fedhv.data import hf
+
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((2000, 2000, 3), dtype=np.uint8)).save(png, format="PNG")
+    ds = datasets.Dataset.from_dict({"img": [{"bytes": png.getvalue(), "path": None}] * 40, "digit": [1] * 40},
+                                    features=datasets.Features({"img": datasets.Image(),
+                                                                "digit": datasets.ClassLabel(num_classes=2)}))
+
+    def never(*args: object) -> None:
+        raise AssertionError("an image was decoded before the memory check")
+
+    monkeypatch.setattr(hf, "_decode_images", never)
+    with pytest.raises(DatasetTooLarge) as err:
+        FederatedDataset.from_hf(ds, ["digit"], features="img", partition=[list(range(40))], max_bytes=2**30,
+                                 test=ds, progress=False)
+    message = str(err.value)
+    assert "40 images of 2000x2000x3 + 40 images of 2000x2000x3" in message and "max_bytes = 1073741824" in message
+    assert "dataset.select" in message and "\n" not in message
+    assert hf.estimate_bytes(ds, "img", 1)[0] == 40 * (2000 * 2000 * 3 * hf.IMAGE_BYTES + 8)
+
+
 def test_a_partitioner_that_already_holds_a_dataset_is_refused() -> None:
     ds, _ = _images()
     used = IidPartitioner(2)
