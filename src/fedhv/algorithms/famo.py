@@ -114,8 +114,11 @@ class FAMORule:
         return uniform(num_tasks), ()
 
     def check_memory(self, memory: tuple[np.ndarray, ...], num_tasks: int) -> None:
-        """Refuse a (resumed) memory that is not ``()`` or ``(F^{t-1} [m], xi [m], m [m], v [m], [steps])`` with
-        ``F^{t-1}`` above ``min_loss``, Adam's ``v >= 0`` and a whole ``steps >= 0`` (:class:`StateError`)."""
+        """Refuse a (resumed) memory FAMO cannot read (:class:`StateError`).
+
+        It must be ``()`` or ``(F^{t-1} [m], xi [m], m [m], v [m], [steps])`` with ``F^{t-1}`` above
+        ``min_loss``, Adam's ``v >= 0`` and a whole ``steps >= 0``.
+        """
         if not memory:
             return
         shapes = [np.shape(a) for a in memory]

@@ -55,8 +55,10 @@ class WeightRule(Protocol):
 
 
 def memoryless(rule: Any, memory: tuple[np.ndarray, ...], num_tasks: int) -> None:
-    """``check_memory`` of a rule that remembers nothing (``check_memory = memoryless`` in its class): a
-    resumed memory must be empty."""
+    """``check_memory`` of a rule that remembers nothing (``check_memory = memoryless`` in its class).
+
+    A resumed memory must be empty.
+    """
     if memory:
         raise StateError(f"{type(rule).__name__} keeps no memory, but the state holds {len(memory)} array(s)")
 
@@ -181,8 +183,11 @@ class LossOnlyAlgorithm:
     section: Any = None
 
     def _checked(self, weights: Any, round_index: int, source: Any, num_tasks: int) -> np.ndarray:
-        """The rule's weights if finite and on the simplex (:class:`ScaledLossOnlyState`: non-negative with a
-        positive sum), else a one-line :class:`~fedhv.algorithms.weight_check.WeightRuleError`."""
+        """The rule's weights if finite and on the simplex, else a one-line error.
+
+        (:class:`ScaledLossOnlyState`: non-negative with a positive sum;
+        :class:`~fedhv.algorithms.weight_check.WeightRuleError` otherwise.)
+        """
         return check_weights(weights, name=self.name, round_index=round_index,
                              kind="simplex" if self.state_class.on_simplex else "scaled", source=source,
                              section=self.section if self.section is not None else self.rule, num_tasks=num_tasks)
@@ -193,8 +198,11 @@ class LossOnlyAlgorithm:
         return self.state_class(self._checked(weights, 0, "the rule's first weights", num_tasks), 0, tuple(memory))
 
     def check_state(self, state: LossOnlyState) -> None:
-        """Refuse a (resumed) state whose memory the rule cannot read: the rule's ``check_memory(memory, m)``
-        when it has one (:class:`~fedhv.algorithms.plain.StateError` naming the field)."""
+        """Refuse a (resumed) state whose memory the rule cannot read.
+
+        The rule's ``check_memory(memory, m)`` when it has one (:class:`~fedhv.algorithms.plain.StateError`
+        naming the field).
+        """
         check = getattr(self.rule, "check_memory", None)
         if check is not None:
             check(state.memory, state.num_tasks)

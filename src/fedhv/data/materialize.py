@@ -46,8 +46,10 @@ def _gib(n: float) -> str:
 
 
 def check_budget(need: int, max_bytes: int | None, what: str, fix: str) -> None:
-    """Refuse ``need`` bytes over ``max_bytes`` (``None``: half of the available memory) before anything is
-    allocated: a one-line :class:`DatasetTooLarge` naming both, ``what`` would take them and ``fix``."""
+    """Refuse ``need`` bytes over ``max_bytes`` (``None``: half of the available memory) before any allocation.
+
+    A one-line :class:`DatasetTooLarge` naming both, what ``what`` would take and ``fix``.
+    """
     limit = max_bytes
     if limit is None:
         avail = available_bytes()
