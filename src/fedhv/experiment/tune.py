@@ -53,7 +53,7 @@ from fedhv.experiment.tune_space import (
     param_overrides,
     trial_configs,
 )
-from fedhv.experiment.tune_trial import (  # noqa: F401 - run_trial, task_trial re-exported (tune_ray's tasks)
+from fedhv.experiment.tune_trial import (
     TrialSpec,
     distribution,
     make_pruner,
@@ -63,7 +63,6 @@ from fedhv.experiment.tune_trial import (  # noqa: F401 - run_trial, task_trial 
     run_trial,
     shown_url,
     storage_url,
-    task_trial,
 )
 from fedhv.procfs import alive, start_ticks
 from fedhv.registry import METHODS

@@ -28,8 +28,9 @@ from fedhv.experiment.grid import CalibrationJob
 from fedhv.experiment.grid_lock import driver_lock
 from fedhv.experiment.grid_ray import RayOptions, _connect, _ray, _reason, _stop
 from fedhv.experiment.grid_ship import PROBE, task_calibration, write_probe
-from fedhv.experiment.tune import Tuner, TuneReport, conclude, storage_url, task_trial
+from fedhv.experiment.tune import Tuner, TuneReport, conclude
 from fedhv.experiment.tune_space import TuneError, TunePlan
+from fedhv.experiment.tune_trial import storage_url, task_trial
 from fedhv.results.runfiles import write_json
 
 
