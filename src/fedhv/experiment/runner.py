@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from fedhv import safe_io
 from fedhv.algorithms.method import Method
 from fedhv.code_digest import code_record
 from fedhv.config import dumps, to_dict
@@ -48,6 +47,7 @@ from fedhv.experiment.environment import (
     recorded_kernels,
     recorded_threads,
 )
+from fedhv.experiment.kill_point import pause_for_tests
 from fedhv.experiment.loop import FederationFactory, RoundRecord, run_rounds
 from fedhv.experiment.method_setup import MethodSetup, add_diagnostics_reference, build_method
 from fedhv.experiment.problem import Problem
@@ -120,34 +120,6 @@ class RunHooks:
 
 class _StopRun(Exception):
     """An ``on_round`` hook asked to end the run after the round it saw."""
-
-
-#: Test-only hook (``tests/unit/experiment/test_resume.py``): ``FEDHV_TEST_PAUSE_AFTER_ROUND=<n>`` makes a run
-#: stop still after round ``n`` is fully recorded, so a test can SIGKILL it at a known point.
-PAUSE_ENV = "FEDHV_TEST_PAUSE_AFTER_ROUND"
-PAUSE_FILE = ".test-paused"
-#: Test-only, with :data:`PAUSE_ENV`: only the run directory of this name pauses (for a Flower
-#: deployment, whose ServerApps all inherit the environment it started with).
-PAUSE_RUN_ENV = "FEDHV_TEST_PAUSE_RUN"
-
-
-def pause_for_tests(run_path: Path, round_done: int) -> None:
-    """Test-only: after round ``round_done`` named by :data:`PAUSE_ENV`, wait to be killed.
-
-    Called after the round's bookkeeping (lines, checkpoint), outside
-    :func:`signals_deferred`. Writes ``run_path/.test-paused`` (the round) as the signal
-    that the process is paused, then sleeps; after 10 minutes it goes on, so a test that
-    failed to kill it leaves no process behind for long. No effect unless the variable is set.
-    """
-    if os.environ.get(PAUSE_ENV) != str(round_done):
-        return
-    want = Path(os.environ.get(PAUSE_RUN_ENV, run_path.name)).parts  # a name, or a path's last parts
-    if run_path.parts[-len(want):] != want:
-        return
-    safe_io.write_atomic_bytes(run_path / PAUSE_FILE, str(round_done).encode())
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def checkpoint_due(round_done: int, cfg: RunConfig) -> bool:

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from fedhv.config import load_config
-from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE, run_experiment
+from fedhv.experiment.kill_point import PAUSE_ENV, PAUSE_FILE
+from fedhv.experiment.runner import run_experiment
 from flower_support import EQUIV, HAVE_FLWR, NODES, rounds_of, theta_of
 
 from conftest import SMALL

@@ -41,7 +41,7 @@ import torch
 from fedhv.config import dumps, load_config, to_dict
 from fedhv.config.loader import config_from_toml_text
 from fedhv.config.schema import RunConfig
-from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE, PAUSE_RUN_ENV
+from fedhv.experiment.kill_point import PAUSE_ENV, PAUSE_FILE, PAUSE_RUN_ENV
 from flower_support import HAVE_FLWR, assert_gone, checked_deployment, descendants, needs_flwr, rounds_of, theta_of
 
 from conftest import SMALL

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE
+from fedhv.experiment.kill_point import PAUSE_ENV, PAUSE_FILE
 from flower_support import assert_gone, needs_flwr, rounds_of, theta_of
 
 from conftest import REPO, SMALL

@@ -16,7 +16,7 @@ import torch
 
 from fedhv.experiment import resume_experiment, run_experiment
 from fedhv.experiment.checkpoint import ResumeError, load_checkpoint, truncate_jsonl
-from fedhv.experiment.runner import PAUSE_ENV, PAUSE_FILE
+from fedhv.experiment.kill_point import PAUSE_ENV, PAUSE_FILE
 from fedhv.results.rundir import read_jsonl
 
 from conftest import REPO, SMALL
