@@ -48,7 +48,14 @@ cannot express. They run through fedhv's own ServerApp (:mod:`fedhv.flower.app`)
 
 from __future__ import annotations
 
-from fedhv.flower.strategy_compose import composition_problem, fedhv_strategy
+from fedhv.flower.strategy_compose import (
+    FedHVStrategy,
+    LossWeightingStrategy,
+    UniformStrategy,
+    composition_problem,
+    fedhv_strategy,
+    loss_signs,
+)
 from fedhv.flower.strategy_messages import (
     CALIBRATION_KEY,
     EXAMPLES_KEY,
@@ -65,15 +72,7 @@ from fedhv.flower.strategy_messages import (
     train_arrays_problem,
     train_metrics_problem,
 )
-from fedhv.flower.strategy_weighting import (
-    FedHVResult,
-    FedHVStrategy,
-    FedHVWeighting,
-    LossWeightingStrategy,
-    UniformStrategy,
-    log,
-    loss_signs,
-)
+from fedhv.flower.strategy_weighting import FedHVResult, FedHVWeighting, log
 
 __all__ = ["CALIBRATION_KEY", "EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult", "FedHVStrategy",
            "FedHVWeighting", "LossWeightingStrategy", "UniformStrategy", "composition_problem", "evaluate_reply_problem", "fedhv_evaluate_reply",

@@ -16,7 +16,6 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedhv.algorithms.validation import (
-    REPORT_OUTLIER_RATIO,
     ClientReply,
     ReplySpec,
     count_problem,
@@ -46,8 +45,8 @@ from fedhv.weighting import hv_weights, reference_from_losses
 #: A child of Flower's logger: fedhv's lines go wherever the ServerApp's Flower log goes.
 log = logging.getLogger("flwr.fedhv")
 
-__all__ = ["EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult", "FedHVStrategy", "FedHVWeighting",
-           "LossWeightingStrategy", "UniformStrategy", "fedhv_evaluate_reply", "fedhv_reply", "task_weights"]
+__all__ = ["EXAMPLES_KEY", "REPORT_KEY", "UNIT_KEY", "WEIGHTS_KEY", "FedHVResult", "FedHVWeighting",
+           "fedhv_evaluate_reply", "fedhv_reply", "task_weights"]
 
 #: Attributes of the FedHV layer (kept when start() restores the base Strategy after the calibration).
 _FEDHV_STATE = ("num_tasks", "margin", "rho_clip", "reference", "calibration_rounds", "max_report_ratio",
@@ -451,63 +450,3 @@ class FedHVWeighting(FedAvg):
                            reference=None if self.reference is None else self.reference.tolist(),
                            calibration=calibration, calibration_reports={h["round"]: h["report"] for h in cal},
                            rejected=list(self.rejected), skipped=list(self.skipped))
-
-
-def loss_signs(nonnegative: bool | Sequence[bool], num_tasks: int) -> tuple[bool, ...]:
-    """The ``nonnegative`` option as one flag per task (one-line ``ConfigError`` otherwise)."""
-    flags = [nonnegative] * num_tasks if isinstance(nonnegative, (bool, np.bool_)) else list(nonnegative)
-    if len(flags) != num_tasks or not all(isinstance(f, (bool, np.bool_)) for f in flags):
-        raise ConfigError(f"nonnegative = {nonnegative!r} must be True / False or {num_tasks} of them (one per task): "
-                          "True where the task's loss is >= 0, False for a loss of any sign")
-    return tuple(bool(f) for f in flags)
-
-
-def _init(self: FedHVWeighting, base: type[FedAvg], num_tasks: int, reference: Sequence[float] | None = None, *,
-          calibration_rounds: int = 20, margin: float = 0.15, rho_clip: float = 1e-6,
-          weighted_by_key: str = UNIT_KEY, max_report_ratio: float = REPORT_OUTLIER_RATIO,
-          max_num_examples: int = 10**9, metric_keys: Sequence[str] = (), nonnegative: bool | Sequence[bool] = True,
-          method: Any = None, seed: int = 0, **options: Any) -> None:
-    self._fedhv_init(num_tasks, reference, calibration_rounds, margin, rho_clip, weighted_by_key, max_report_ratio,
-                     max_num_examples, metric_keys, method, seed)
-    self.nonnegative = loss_signs(nonnegative, self.num_tasks)
-    options.setdefault("fraction_evaluate", 0.0)
-    if options["fraction_evaluate"] == 0.0:
-        options.setdefault("min_evaluate_nodes", 0)
-    try:
-        base.__init__(self, weighted_by_key=weighted_by_key, **options)
-    except TypeError as exc:
-        raise ConfigError(f"{base.__name__} options {sorted(options)}: {exc}") from None
-
-
-class FedHVStrategy(FedHVWeighting):
-    """FedHV task weighting over FedAvg's sampling (:class:`FedHVWeighting`; options there)."""
-
-    def __init__(self, num_tasks: int, reference: Sequence[float] | None = None, **options: Any) -> None:
-        _init(self, FedAvg, num_tasks, reference, **options)
-
-
-class UniformStrategy(FedHVStrategy):
-    """Fixed uniform task weights ``wᵢ = 1/m`` with FedHV's message format (the baseline)."""
-
-    adaptive = False
-
-    def __init__(self, num_tasks: int, **options: Any) -> None:
-        super().__init__(num_tasks, None, calibration_rounds=0, **options)
-
-
-class LossWeightingStrategy(FedHVWeighting):
-    """A loss-only method's task weighting over FedAvg's sampling, on FedHV's single exchange per round.
-
-    ``LossWeightingStrategy(fedhv.DWA(), num_tasks=3)`` (or a method's name, ``"famo"``): the method's rule
-    (:mod:`fedhv.algorithms.loss_only`) maps each round's validated, averaged report ``Fᵗ`` to ``wᵗ⁺¹``,
-    exactly as :class:`~fedhv.algorithms.loss_only.LossOnlyAlgorithm` does in the simulator. ``seed`` keys a
-    random rule's draws (RLW; the simulator's run seed gives the same weights). A method that calibrates
-    (STCH: its nadir is the mean calibration report) runs ``calibration_rounds`` uniform rounds first, as
-    :class:`FedHVStrategy` does. The method's ``lr_global`` is not used: the Strategy's base sets the server
-    step (FedAvg: ``eta_g = 1``; compose with :func:`~fedhv.flower.strategy.fedhv_strategy` for FedAdam & co.).
-    Other options as :class:`FedHVWeighting`.
-    """
-
-    def __init__(self, method: Any, num_tasks: int, *, seed: int = 0, **options: Any) -> None:
-        _init(self, FedAvg, num_tasks, None, method=method, seed=seed, **options)
-
