@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import io
-import ipaddress
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from fedhv.experiment.grid_ship import Collector, ShipError, pack_dir
+from listening import is_loopback, listening, process_name
 
 from helpers import from_a_shell
 
@@ -235,39 +235,6 @@ def test_a_shipped_run_ends_clean_and_each_run_records_its_storage_mode(local_ra
         assert [r.path for r in runs] == [run] and not unfinished
 
 
-def _listening(pids: set[int]) -> list[tuple[int, ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
-    """``(pid, address, port)`` of every TCP socket in LISTEN state held by one of ``pids``."""
-    owner: dict[str, int] = {}
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                owner[target[8:-1]] = pid
-    found = []
-    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] != "0A" or fields[9] not in owner:  # 0A: LISTEN
-                continue
-            hex_addr, hex_port = fields[1].split(":")
-            raw = bytes.fromhex(hex_addr)  # 32-bit words in host (little-endian) order
-            packed = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
-            found.append((owner[fields[9]], ipaddress.ip_address(packed), int(hex_port, 16)))
-    return found
-
-
-def _loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
-
-
 def test_a_local_ray_instance_binds_and_advertises_loopback_only(local_ray: object) -> None:
     ray = local_ray
 
@@ -286,10 +253,10 @@ def test_a_local_ray_instance_binds_and_advertises_loopback_only(local_ray: obje
     assert [n["NodeManagerAddress"] for n in nodes] == ["127.0.0.1"], nodes
     ray_pids = descendants_of_this_process()
     assert worker_pids <= ray_pids
-    sockets = _listening(ray_pids)
-    names = {_name(pid) for pid, _, _ in sockets}
+    sockets = listening(ray_pids)
+    names = {process_name(pid) for pid, _, _ in sockets}
     assert len(sockets) >= 5 and {"gcs_server", "raylet"} <= names, sockets  # not vacuous
-    exposed = [(pid, _name(pid), str(addr), port) for pid, addr, port in sockets if not _loopback(addr)]
+    exposed = [(pid, process_name(pid), str(addr), port) for pid, addr, port in sockets if not is_loopback(addr)]
     assert not exposed, f"Ray processes listen beyond the loopback: {exposed}"
     ray.kill(actor)  # type: ignore[attr-defined]
 
@@ -298,11 +265,3 @@ def descendants_of_this_process() -> set[int]:
     from fedhv.flower.lifetime import descendants
 
     return descendants(os.getpid()) | {os.getpid()}  # the driver's own core worker listens too
-
-
-def _name(pid: int) -> str:
-    try:
-        first = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    except OSError:
-        return "?"
-    return first.rsplit("/", 1)[-1]
