@@ -219,6 +219,12 @@ class Run:
         :meth:`evaluation` of :attr:`statistic`, by default :data:`PAPER_STATISTIC`."""
         return self.evaluation(self.statistic or PAPER_STATISTIC)
 
+    def compared(self, key: str) -> float | None:
+        """The number ``key`` as the comparison tables and figures read it: :meth:`evaluation` of
+        :attr:`statistic`, by default :data:`COMPARISON_STATISTIC` (``None`` when missing or not a number)."""
+        value = self.evaluation(self.statistic or COMPARISON_STATISTIC).get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
     def evaluation(self, statistic: str) -> dict[str, Any]:
         """The run's values of :attr:`split` under ``statistic`` (:data:`STATISTICS`).
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fedhv.results.collect import COMPARISON_STATISTIC, Run, group, method_label, ordered_settings, setting_label
+from fedhv.results.collect import Run, group, method_label, ordered_settings, setting_label
 from fedhv.results.intervals import CONFIDENCE, interval
 from fedhv.results.plot_style import figure, method_color
 from fedhv.results.tables_intervals import METRICS
@@ -30,12 +30,8 @@ MIN_BLOCKS = 5
 
 
 def _values(runs: Sequence[Run], key: str) -> dict[int, float]:
-    out = {}
-    for r in runs:
-        v = r.evaluation(r.statistic or COMPARISON_STATISTIC).get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[r.seed] = float(v)
-    return out
+    """``key`` of each run by seed, as the comparison reads it (:meth:`Run.compared`)."""
+    return {r.seed: v for r in runs if (v := r.compared(key)) is not None}
 
 
 def interval_figures(runs: Sequence[Run], size: str = "page") -> Iterator[tuple[str, Any]]:

@@ -32,9 +32,8 @@ from fedhv.results.table_model import Cell, Record, Table, rank
 
 
 def _summary(key: str) -> Callable[[Run], float | None]:
-    """``key`` of the run's evaluation under the comparison's statistic (:data:`COMPARISON_STATISTIC`
-    unless ``fedhv table --statistic`` set another)."""
-    return lambda run: run.evaluation(run.statistic or COMPARISON_STATISTIC).get(key)
+    """``key`` of the run's evaluation under the comparison's statistic (:meth:`Run.compared`)."""
+    return lambda run: run.compared(key)
 
 
 #: (key, column label, getter, higher is better, decimals)

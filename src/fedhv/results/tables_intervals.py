@@ -52,11 +52,6 @@ REFERENCES: tuple[str, ...] = ("fedhv", "uniform")
 METRICS: tuple[tuple[str, str], ...] = (("mean_acc", "MeanAcc"), ("worst_acc", "WorstAcc"))
 
 
-def _value(run: Run, key: str) -> float | None:
-    value = run.evaluation(run.statistic or COMPARISON_STATISTIC).get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _effective_step(run: Run) -> float | None:
     """The mean over the run's evaluations of ``Σ_i w_i`` (the logged weights of the round)."""
     sums = [sum(e["weights"]) for e in run.metrics if isinstance(e.get("weights"), list) and e["weights"]
@@ -78,7 +73,7 @@ def table_intervals(runs: Sequence[Run], paper: bool = False,
     for setting in ordered_settings({s for s, _, _ in groups}):
         methods = ordered_methods({m for s, _, m in groups if s == setting})
         refs = [r for r in dict.fromkeys(references) if r in methods]
-        by_seed = {m: {key: {r.seed: v for r in groups[(setting, None, m)] if (v := _value(r, key)) is not None}
+        by_seed = {m: {key: {r.seed: v for r in groups[(setting, None, m)] if (v := r.compared(key)) is not None}
                        for key, _ in METRICS} for m in methods}
         ivs = {m: {key: interval(list(vals.values())) if vals else None for key, vals in by_seed[m].items()}
                for m in methods}
