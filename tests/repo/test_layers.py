@@ -35,7 +35,7 @@ MOVED = {
     ("fedhv.flower.lifetime", "start_ticks"): ("fedhv.procfs", "start_ticks"),
     ("fedhv.flower.procs", "session_children"): ("fedhv.procfs", "session_children"),
     ("fedhv.flower.client", "node_partition"): ("fedhv.flower.node_config", "node_partition"),
-    ("fedhv.flower.strategy", "FedHVStrategy"): ("fedhv.flower.strategy_weighting", "FedHVStrategy"),
+    ("fedhv.flower.strategy", "FedHVStrategy"): ("fedhv.flower.strategy_compose", "FedHVStrategy"),
     ("fedhv.flower.strategy", "fedhv_strategy"): ("fedhv.flower.strategy_compose", "fedhv_strategy"),
 }
 
